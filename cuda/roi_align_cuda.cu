@@ -1,0 +1,480 @@
+// CUDA backend of RoIAlign: thin __global__ wrappers around the per-thread bodies of
+// include/detops/detail/roi_align_kernels.h, plus the launch sequences (CUB radix sort, run-length
+// encode and scans for the exact mode). All work is enqueued on the caller's stream.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_check.cuh"
+#include "detops/detail/roi_align_kernels.h"
+#include "internal/roi_align_backend.h"
+
+namespace detops {
+namespace internal {
+
+namespace {
+
+using detail::Strides4;
+
+// ---------------------------------------------------------------------------------------------
+// Atomic adds in every gradient dtype.
+
+__device__ inline void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ inline void atomic_add(double* p, double v) { atomicAdd(p, v); }
+__device__ inline void atomic_add(Half* p, float v) {
+  atomicAdd(reinterpret_cast<__half*>(p), __float2half_rn(v));
+}
+__device__ inline void atomic_add(BFloat16* p, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  atomicAdd(reinterpret_cast<__nv_bfloat16*>(p), __float2bfloat16_rn(v));
+#else
+  // Compare-and-swap on the aligned 32-bit word holding the 16-bit value (pre-Ampere).
+  auto* word = reinterpret_cast<unsigned int*>(reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{3});
+  const unsigned shift = (reinterpret_cast<std::uintptr_t>(p) & 2) ? 16u : 0u;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    const float cur = static_cast<float>(BFloat16::from_bits(static_cast<std::uint16_t>(assumed >> shift)));
+    const unsigned int nb = BFloat16(cur + v).bits;
+    old = atomicCAS(word, assumed, (assumed & ~(0xffffu << shift)) | (nb << shift));
+  } while (assumed != old);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels (each a one-line wrapper of a shared body)
+
+template <class T>
+__global__ void forward_kernel(detail::ForwardArgs<T> a, std::int64_t n) {
+  DETOPS_GRID_STRIDE(i, n) detail::roi_align_forward_element(i, a);
+}
+
+template <class T, class V, class Target>
+__global__ void scatter_kernel(detail::BackwardArgs<T> a, std::int64_t n, Target* target, int narrow) {
+  DETOPS_GRID_STRIDE(i, n) {
+    detail::roi_align_backward_scatter_element<T, V>(i, a, narrow,
+                                                     [target](std::int64_t off, V v) { atomic_add(target + off, v); });
+  }
+}
+
+struct CheckResult {
+  unsigned long long first_bad;  // K when none
+};
+
+template <class A>
+__global__ void check_kernel(detail::RoiSource rois, detail::RoiAlignShape s, unsigned long long* first_bad,
+                             std::int64_t* counts) {
+  DETOPS_GRID_STRIDE(k, s.K) {
+    double row[5];
+    detail::load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row);
+    const detail::RoiBox<A> box = detail::make_roi_box<A>(row[0], row + 1, s);
+    const bool ok = box.status == detail::RoiStatus::kOk;
+    if (!ok) atomicMin(first_bad, static_cast<unsigned long long>(k));  // integer min: order-independent
+    if (counts) counts[k] = ok ? box.grid_h * box.grid_w * s.PH * s.PW : 0;
+  }
+}
+
+template <class A>
+__global__ void count_kernel(detail::RoiSource rois, detail::RoiAlignShape s, std::int64_t* counts) {
+  DETOPS_GRID_STRIDE(k, s.K + 1) counts[k] = k < s.K ? detail::roi_sample_count<A>(rois, k, s) : 0;
+}
+
+__global__ void init_slots_kernel(std::uint64_t* keys, std::int64_t* ids, std::int64_t n, std::uint64_t sentinel) {
+  DETOPS_GRID_STRIDE(j, n) {
+    keys[j] = sentinel;
+    ids[j] = j;
+  }
+}
+
+template <class A>
+__global__ void enumerate_kernel(detail::EnumerateArgs<A> a, std::int64_t n) {
+  DETOPS_GRID_STRIDE(t, n) detail::roi_align_exact_enumerate_bin(t, a);
+}
+
+template <class A>
+__global__ void permute_kernel(const std::int64_t* sorted_ids, detail::ExactRecords<A> from, detail::ExactRecords<A> to,
+                               std::int64_t n) {
+  DETOPS_GRID_STRIDE(r, n) detail::roi_align_exact_permute(r, sorted_ids, from, to);
+}
+
+template <class T>
+__global__ void gather_kernel(detail::GatherArgs<T> a, const std::int64_t* num_runs, bool channels_last) {
+  const std::int64_t runs = *num_runs;
+  const std::int64_t n = runs * a.shape.C;
+  DETOPS_GRID_STRIDE(t, n) detail::roi_align_exact_gather_element(t, a, channels_last, runs);
+}
+
+/// Writes f(linear NCHW index) into every element of a strided 4-d tensor.
+template <class T>
+__global__ void fill_zero_kernel(T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
+  DETOPS_GRID_STRIDE(i, n) {
+    const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
+    p[b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_acc<T>(acc_t<T>(0));
+  }
+}
+
+template <class T>
+__global__ void cast_kernel(const double* buf, T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W,
+                            std::int64_t n) {
+  DETOPS_GRID_STRIDE(i, n) {
+    const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
+    p[b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_double<T>(buf[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host helpers
+
+cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+
+/// A dense view (contiguous NCHW or NHWC with no gaps) can be zeroed with one memset.
+bool is_dense(const TensorView& v) {
+  return v.span_bytes() == v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype));
+}
+
+template <class T>
+void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
+  const std::int64_t n = v.numel();
+  if (n == 0) return;
+  if (is_dense(v)) {
+    DETOPS_CUDA_CHECK(cudaMemsetAsync(v.data, 0, static_cast<std::size_t>(n) * sizeof(T), stream_of(ctx)), op);
+    return;
+  }
+  fill_zero_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<T*>(v.data), strides4(v), v.sizes[1],
+                                                                   v.sizes[2], v.sizes[3], n);
+  check_launch("fill_zero_kernel", op, ctx);
+}
+
+int key_bits(const detail::RoiAlignShape& s) {
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  int bits = 1;
+  while (bits < 64 && (sentinel >> bits) != 0) ++bits;
+  return bits;
+}
+
+/// The exact mode's device workspace, in one fixed order (used for sizing and for carving).
+template <class A>
+struct ExactDeviceBuffers {
+  detail::ExactRecords<A> slots{};
+  detail::ExactRecords<A> sorted{};
+  std::int64_t* counts = nullptr;
+  std::int64_t* roi_offsets = nullptr;
+  std::uint64_t* run_keys = nullptr;
+  std::int64_t* run_lengths = nullptr;
+  std::int64_t* run_offsets = nullptr;
+  std::int64_t* num_runs = nullptr;
+  void* temp = nullptr;
+  std::size_t temp_bytes = 0;
+};
+
+template <class A>
+std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
+  std::size_t sort = 0, rle = 0, scan_runs = 0, scan_rois = 0;
+  DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const std::uint64_t*>(nullptr),
+                                                    static_cast<std::uint64_t*>(nullptr),
+                                                    static_cast<const std::int64_t*>(nullptr),
+                                                    static_cast<std::int64_t*>(nullptr), cap, 0, key_bits(s)),
+                    op);
+  DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const std::uint64_t*>(nullptr),
+                                                       static_cast<std::uint64_t*>(nullptr),
+                                                       static_cast<std::int64_t*>(nullptr),
+                                                       static_cast<std::int64_t*>(nullptr), cap),
+                    op);
+  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_runs, static_cast<const std::int64_t*>(nullptr),
+                                                  static_cast<std::int64_t*>(nullptr), cap),
+                    op);
+  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_rois, static_cast<const std::int64_t*>(nullptr),
+                                                  static_cast<std::int64_t*>(nullptr), s.K + 1),
+                    op);
+  return std::max({sort, rle, scan_runs, scan_rois, std::size_t{1}});
+}
+
+template <class A>
+WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes) {
+  WorkspaceLayout l;
+  for (int i = 0; i < 2; ++i) {
+    l.add<std::uint64_t>(cap);
+    l.add<std::int64_t>(cap);
+    l.add<A>(cap);
+    l.add<std::int64_t>(cap);
+    l.add<std::int64_t>(cap);
+    l.add<std::int32_t>(cap);
+  }
+  l.add<std::int64_t>(s.K + 1);
+  l.add<std::int64_t>(s.K + 1);
+  l.add<std::uint64_t>(cap);
+  l.add<std::int64_t>(cap);
+  l.add<std::int64_t>(cap);
+  l.add<std::int64_t>(1);
+  l.add_bytes(temp_bytes);
+  return l;
+}
+
+template <class A>
+ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes) {
+  l.bind(base);
+  ExactDeviceBuffers<A> b;
+  for (detail::ExactRecords<A>* r : {&b.slots, &b.sorted}) {
+    r->keys = l.take<std::uint64_t>();
+    r->ids = l.take<std::int64_t>();
+    r->weights = l.take<A>();
+    r->go_offsets = l.take<std::int64_t>();
+    r->am_offsets = l.take<std::int64_t>();
+    r->samples = l.take<std::int32_t>();
+  }
+  b.counts = l.take<std::int64_t>();
+  b.roi_offsets = l.take<std::int64_t>();
+  b.run_keys = l.take<std::uint64_t>();
+  b.run_lengths = l.take<std::int64_t>();
+  b.run_offsets = l.take<std::int64_t>();
+  b.num_runs = l.take<std::int64_t>();
+  b.temp = l.take<unsigned char>();
+  b.temp_bytes = temp_bytes;
+  return b;
+}
+
+template <class T>
+void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Context& ctx, Workspace ws) {
+  using A = acc_t<T>;
+  const detail::RoiAlignShape& s = call.shape;
+  const char* op = call.op;
+  cudaStream_t stream = stream_of(ctx);
+  const std::int64_t cap = exact_slot_capacity(s, check);
+  if (cap == 0 || s.K == 0) {
+    zero_fill<T>(call.features, ctx, op);
+    return;
+  }
+  const std::size_t temp_bytes = cub_temp_bytes<A>(s, cap, op);
+  WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes);
+  ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes);
+  const detail::RoiSource rois = roi_source(call.rois);
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+
+  zero_fill<T>(call.features, ctx, op);
+  // Phase 1: slot offsets per roi, then enumerate.
+  count_kernel<A><<<grid_for(s.K + 1), kBlock, 0, stream>>>(rois, s, b.counts);
+  check_launch("count_kernel", op, ctx);
+  std::size_t tb = b.temp_bytes;
+  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.counts, b.roi_offsets, s.K + 1, stream), op);
+  init_slots_kernel<<<grid_for(cap), kBlock, 0, stream>>>(b.slots.keys, b.slots.ids, cap, sentinel);
+  check_launch("init_slots_kernel", op, ctx);
+  detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
+                              call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0}, b.slots};
+  enumerate_kernel<A><<<grid_for(s.K * s.PH * s.PW), kBlock, 0, stream>>>(ea, s.K * s.PH * s.PW);
+  check_launch("enumerate_kernel", op, ctx);
+  // Phase 2: stable radix sort by position, permute, cut into runs.
+  tb = b.temp_bytes;
+  DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(b.temp, tb, b.slots.keys, b.sorted.keys, b.slots.ids, b.sorted.ids,
+                                                    cap, 0, key_bits(s), stream),
+                    op);
+  permute_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.sorted.ids, b.slots, b.sorted, cap);
+  check_launch("permute_kernel", op, ctx);
+  DETOPS_CUDA_CHECK(cudaMemsetAsync(b.run_lengths, 0, static_cast<std::size_t>(cap) * sizeof(std::int64_t), stream), op);
+  tb = b.temp_bytes;
+  DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(b.temp, tb, b.sorted.keys, b.run_keys, b.run_lengths,
+                                                       b.num_runs, cap, stream),
+                    op);
+  tb = b.temp_bytes;
+  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
+  // Phase 3: one fixed-order sum per (run, channel).
+  detail::GatherArgs<T> ga{};
+  ga.run_keys = b.run_keys;
+  ga.run_offsets = b.run_offsets;
+  ga.run_lengths = b.run_lengths;
+  ga.weights = b.sorted.weights;
+  ga.go_offsets = b.sorted.go_offsets;
+  ga.am_offsets = b.sorted.am_offsets;
+  ga.samples = b.sorted.samples;
+  ga.grad_output = static_cast<const T*>(call.pooled.data);
+  ga.go_c = call.pooled.strides[1];
+  ga.argmax = static_cast<const std::int32_t*>(call.argmax.data);
+  ga.am_c = call.max_pool ? call.argmax.strides[1] : 0;
+  ga.grad_input = static_cast<T*>(call.features.data);
+  ga.gi = strides4(call.features);
+  ga.shape = s;
+  ga.max_pool = call.max_pool;
+  const bool channels_last = channels_last_order(call.features);
+  gather_kernel<T><<<grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C), kBlock, 0, stream>>>(ga, b.num_runs,
+                                                                                               channels_last);
+  check_launch("gather_kernel", op, ctx);
+}
+
+template <class T>
+detail::BackwardArgs<T> backward_args(const RoiAlignCall& call, const Strides4& target) {
+  detail::BackwardArgs<T> a{};
+  a.grad_output = static_cast<const T*>(call.pooled.data);
+  a.go = strides4(call.pooled);
+  a.rois = roi_source(call.rois);
+  a.gi = target;
+  a.argmax = static_cast<const std::int32_t*>(call.argmax.data);
+  a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};
+  a.shape = call.shape;
+  a.max_pool = call.max_pool;
+  a.channels_last = channels_last_order(call.pooled);
+  return a;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+
+RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool need_total, const Context& ctx) {
+  const char* op = call.op;
+  DeviceGuard guard(call.features.device.index, op);
+  cudaStream_t stream = stream_of(ctx);
+  const detail::RoiAlignShape& s = call.shape;
+  const detail::RoiSource rois = roi_source(call.rois);
+  std::size_t reduce_bytes = 0;
+  DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, reduce_bytes, static_cast<const std::int64_t*>(nullptr),
+                                           static_cast<std::int64_t*>(nullptr), s.K),
+                    op);
+  WorkspaceLayout l;
+  l.add<unsigned long long>(1);
+  l.add<std::int64_t>(1);
+  l.add<std::int64_t>(s.K);
+  l.add_bytes(reduce_bytes);
+  Allocator& alloc = ctx.allocator ? *ctx.allocator : default_allocator();
+  void* base = alloc.allocate(l.bytes(), call.features.device, ctx.cuda_stream);
+  struct Release {
+    Allocator& a;
+    void* p;
+    std::size_t n;
+    Device d;
+    void* st;
+    ~Release() { a.deallocate(p, n, d, st); }
+  } release{alloc, base, l.bytes(), call.features.device, ctx.cuda_stream};
+  l.bind(base);
+  auto* first_bad = l.take<unsigned long long>();
+  auto* total = l.take<std::int64_t>();
+  auto* counts = l.take<std::int64_t>();
+  void* temp = l.take<unsigned char>();
+
+  const unsigned long long none = static_cast<unsigned long long>(s.K);
+  DETOPS_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), op);
+  dispatch_floating(call.features.dtype, [&](auto tag) {
+    using A = acc_t<decltype(tag)>;
+    check_kernel<A><<<grid_for(s.K), kBlock, 0, stream>>>(rois, s, first_bad, counts);
+  });
+  check_launch("check_kernel", op, ctx);
+  DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, reduce_bytes, counts, total, s.K, stream), op);
+  unsigned long long bad = none;
+  std::int64_t sum = 0;
+  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), op);
+  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
+  DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
+  (void)validate;
+  (void)need_total;
+
+  RoiCheck check;
+  check.total_samples = sum;
+  if (bad < none) {
+    // Bring the offending row to the host and re-run the shared check there for the message.
+    check.bad_row = static_cast<std::int64_t>(bad);
+    const std::size_t es = dtype_size(call.rois.dtype);
+    unsigned char host_row[5 * 8];
+    for (int i = 0; i < 5; ++i) {
+      const auto* src = static_cast<const unsigned char*>(call.rois.data) +
+                        (check.bad_row * call.rois.strides[0] + i * call.rois.strides[1]) * es;
+      DETOPS_CUDA_CHECK(cudaMemcpy(host_row + i * es, src, es, cudaMemcpyDeviceToHost), op);
+    }
+    detail::load_roi_row(host_row, call.rois.dtype, 1, 1, 0, check.row);
+    dispatch_floating(call.features.dtype, [&](auto tag) {
+      using A = acc_t<decltype(tag)>;
+      const detail::RoiBox<A> box = detail::make_roi_box<A>(check.row[0], check.row + 1, s);
+      check.status = box.status;
+      check.grid_h = box.grid_h;
+      check.grid_w = box.grid_w;
+    });
+  }
+  return check;
+}
+
+void roi_align_forward_cuda(const RoiAlignCall& call, const Context& ctx) {
+  DeviceGuard guard(call.features.device.index, call.op);
+  dispatch_floating(call.features.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    detail::ForwardArgs<T> a{};
+    a.input = static_cast<const T*>(call.features.data);
+    a.in = strides4(call.features);
+    a.rois = roi_source(call.rois);
+    a.output = static_cast<T*>(call.pooled.data);
+    a.out = strides4(call.pooled);
+    a.argmax = static_cast<std::int32_t*>(call.argmax.data);
+    a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};
+    a.shape = call.shape;
+    a.max_pool = call.max_pool;
+    a.channels_last = channels_last_order(call.pooled);
+    const std::int64_t n = call.pooled.numel();
+    forward_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(a, n);
+    check_launch("forward_kernel", call.op, ctx);
+  });
+}
+
+std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+  const detail::RoiAlignShape& s = call.shape;
+  switch (mode) {
+    case BackwardMode::kAtomic: return 0;
+    case BackwardMode::kTruncated: {
+      WorkspaceLayout l;
+      l.add<double>(s.N * s.C * s.H * s.W);
+      return l.bytes();
+    }
+    case BackwardMode::kExact:
+      return dispatch_floating(call.features.dtype, [&](auto tag) {
+        using A = acc_t<decltype(tag)>;
+        const std::int64_t cap = exact_slot_capacity(s, check);
+        return exact_device_layout<A>(s, cap, cub_temp_bytes<A>(s, cap, call.op)).bytes();
+      });
+  }
+  return 0;
+}
+
+void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
+                             const Context& ctx, Workspace ws) {
+  DeviceGuard guard(call.features.device.index, call.op);
+  dispatch_floating(call.features.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const detail::RoiAlignShape& s = call.shape;
+    cudaStream_t stream = stream_of(ctx);
+    const std::int64_t n = call.pooled.numel();
+    switch (opt.mode) {
+      case BackwardMode::kAtomic: {
+        zero_fill<T>(call.features, ctx, call.op);
+        if (n == 0) break;
+        auto a = backward_args<T>(call, strides4(call.features));
+        scatter_kernel<T, acc_t<T>, T><<<grid_for(n), kBlock, 0, stream>>>(a, n, static_cast<T*>(call.features.data), 0);
+        check_launch("scatter_kernel", call.op, ctx);
+        break;
+      }
+      case BackwardMode::kTruncated: {
+        const std::int64_t total = s.N * s.C * s.H * s.W;
+        if (s.K == 0) {  // no workspace was sized: nothing to accumulate
+          zero_fill<T>(call.features, ctx, call.op);
+          break;
+        }
+        auto* buf = static_cast<double*>(ws.data);
+        DETOPS_CUDA_CHECK(cudaMemsetAsync(buf, 0, static_cast<std::size_t>(total) * sizeof(double), stream), call.op);
+        if (n > 0) {
+          auto a = backward_args<T>(call, Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1});
+          scatter_kernel<T, double, double><<<grid_for(n), kBlock, 0, stream>>>(a, n, buf, narrow_code(opt));
+          check_launch("scatter_kernel", call.op, ctx);
+        }
+        cast_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(buf, static_cast<T*>(call.features.data),
+                                                               strides4(call.features), s.C, s.H, s.W, total);
+        check_launch("cast_kernel", call.op, ctx);
+        break;
+      }
+      case BackwardMode::kExact:
+        exact_backward<T>(call, check, ctx, ws);
+        break;
+    }
+  });
+}
+
+}  // namespace internal
+}  // namespace detops

@@ -1,0 +1,64 @@
+// The CUDA side of the runtime seam (src/internal/runtime.h): allocation, copies, device count.
+#include "cuda_check.cuh"
+#include "internal/runtime.h"
+
+namespace detops {
+namespace internal {
+
+bool cuda_backend_compiled() { return true; }
+
+int cuda_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void* cuda_malloc(std::size_t bytes, Device d) {
+  DeviceGuard guard(d.index, "cuda_malloc");
+  void* p = nullptr;
+  DETOPS_CUDA_CHECK(cudaMalloc(&p, bytes), "Tensor");
+  return p;
+}
+
+void cuda_free(void* p, Device d) noexcept {
+  if (!p) return;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;
+  (void)cudaSetDevice(d.index);
+  (void)cudaFree(p);
+  (void)cudaSetDevice(prev);
+}
+
+void* cuda_malloc_async(std::size_t bytes, Device d, void* stream) {
+  DeviceGuard guard(d.index, "workspace");
+  void* p = nullptr;
+  DETOPS_CUDA_CHECK(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream)), "workspace");
+  return p;
+}
+
+void cuda_free_async(void* p, Device d, void* stream) noexcept {
+  if (!p) return;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;
+  (void)cudaSetDevice(d.index);
+  (void)cudaFreeAsync(p, static_cast<cudaStream_t>(stream));
+  (void)cudaSetDevice(prev);
+}
+
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
+  if (!bytes) return;
+  const int index = dd.is_cuda() ? dd.index : sd.index;
+  DeviceGuard guard(index, "copy");
+  DETOPS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy");
+}
+
+void cuda_memset(void* p, int value, std::size_t bytes, Device d) {
+  DeviceGuard guard(d.index, "memset");
+  DETOPS_CUDA_CHECK(cudaMemset(p, value, bytes), "memset");
+}
+
+}  // namespace internal
+}  // namespace detops

@@ -1,0 +1,51 @@
+// Execution context of a detops call: CPU thread count, CUDA stream, workspace allocator, and
+// the process-wide defaults a caller may change. Nothing here is hidden global state: every op
+// takes a Context, and the defaults are only read when a field is left at its "default" value.
+#pragma once
+
+#include <cstddef>
+
+#include "detops/tensor.h"
+
+namespace detops {
+
+/// Allocates workspace for the modes that need it. CUDA allocations must be stream-ordered
+/// (cudaMallocAsync semantics): the memory may be used by work enqueued on `stream` after the
+/// call, and is released with free() on the same stream.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(std::size_t bytes, Device device, void* stream) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes, Device device, void* stream) = 0;
+};
+
+/// The built-in allocator: operator new on the CPU, cudaMallocAsync/cudaFreeAsync on CUDA.
+Allocator& default_allocator();
+
+/// Caller-provided scratch memory (see each op's *_workspace_size()).
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct Context {
+  /// CPU worker threads; 0 = std::thread::hardware_concurrency().
+  int num_threads = 0;
+  /// cudaStream_t to enqueue CUDA work on; nullptr = the legacy default stream. detops never
+  /// synchronizes the device; see each op for the calls that wait on this stream.
+  void* cuda_stream = nullptr;
+  /// Workspace allocator used when the caller passes no Workspace; nullptr = default_allocator().
+  Allocator* allocator = nullptr;
+  /// Synchronize after each kernel launch and check for errors, so an asynchronous fault is
+  /// reported by the op that caused it (debugging aid; slow).
+  bool debug_sync = false;
+
+  /// Thread count this context resolves to (>= 1).
+  int resolved_threads() const;
+};
+
+/// Whether this build contains the CUDA backend, and how many devices are visible (0 if none).
+bool cuda_compiled();
+int cuda_device_count();
+
+}  // namespace detops

@@ -1,0 +1,379 @@
+// Per-thread bodies of every RoIAlign kernel, as __host__ __device__ functions of a flat thread
+// index. The CUDA launchers call them from one-line __global__ wrappers; the CPU backend calls
+// the same geometry helpers; and the tests run these very bodies over an emulated grid on the
+// CPU, so indexing and boundary errors show up without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "detops/detail/host_device.h"
+#include "detops/detail/roi_align_math.h"
+#include "detops/dtype.h"
+
+namespace detops {
+namespace detail {
+
+/// Strides (in elements) of a 4-d tensor.
+struct Strides4 {
+  std::int64_t s0, s1, s2, s3;
+};
+
+/// Reads roi row k as doubles (exact for every supported dtype): out[0] = batch index,
+/// out[1..4] = x1, y1, x2, y2.
+DETOPS_HOST_DEVICE inline void load_roi_row(const void* rois, DType dtype, std::int64_t s0, std::int64_t s1,
+                                            std::int64_t k, double* out) {
+  for (int i = 0; i < 5; ++i) {
+    const std::int64_t off = k * s0 + i * s1;
+    switch (dtype) {
+      case DType::kFloat64: out[i] = static_cast<const double*>(rois)[off]; break;
+      case DType::kFloat16: out[i] = static_cast<float>(static_cast<const Half*>(rois)[off]); break;
+      case DType::kBFloat16: out[i] = static_cast<float>(static_cast<const BFloat16*>(rois)[off]); break;
+      default: out[i] = static_cast<const float*>(rois)[off]; break;
+    }
+  }
+}
+
+/// The rois of a call, as the kernels read them.
+struct RoiSource {
+  const void* data;
+  DType dtype;
+  std::int64_t s0, s1;
+};
+
+template <class A>
+DETOPS_HOST_DEVICE inline RoiBox<A> load_roi_box(const RoiSource& rois, std::int64_t k, const RoiAlignShape& s) {
+  double row[5];
+  load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row);
+  RoiBox<A> box = make_roi_box<A>(row[0], row + 1, s);
+  if (box.status != RoiStatus::kOk) box.batch = -1;
+  return box;
+}
+
+/// Splits a flat index over [K, C, PH, PW] into (k, c, ph, pw): channel-slowest within a roi
+/// (NCHW order) or channel-fastest (NHWC order), chosen to match the output's memory order so
+/// neighbouring threads write neighbouring addresses.
+struct BinIndex {
+  std::int64_t k, c, ph, pw;
+};
+DETOPS_HOST_DEVICE inline BinIndex split_bin_index(std::int64_t i, std::int64_t C, std::int64_t PH, std::int64_t PW,
+                                                   bool channels_last) {
+  BinIndex b;
+  if (channels_last) {
+    b.c = i % C;
+    i /= C;
+    b.pw = i % PW;
+    i /= PW;
+    b.ph = i % PH;
+    b.k = i / PH;
+  } else {
+    b.pw = i % PW;
+    i /= PW;
+    b.ph = i % PH;
+    i /= PH;
+    b.c = i % C;
+    b.k = i / C;
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward: one output element per thread.
+
+template <class T>
+struct ForwardArgs {
+  const T* input;
+  Strides4 in;  // n, c, h, w
+  RoiSource rois;
+  T* output;
+  Strides4 out;  // k, c, ph, pw
+  std::int32_t* argmax;  // max pooling only
+  Strides4 am;
+  RoiAlignShape shape;
+  bool max_pool;
+  bool channels_last;  // thread order
+};
+
+/// One bilinear sample of a plane (strided), in the accumulation type, with torchvision's
+/// operation order: w1*v1 + w2*v2 + w3*v3 + w4*v4.
+template <class T, class A>
+DETOPS_HOST_DEVICE inline A interpolate(const T* plane, std::int64_t sh, std::int64_t sw, const Bilinear<A>& b) {
+  const A v1 = to_acc(plane[b.y_low * sh + b.x_low * sw]);
+  const A v2 = to_acc(plane[b.y_low * sh + b.x_high * sw]);
+  const A v3 = to_acc(plane[b.y_high * sh + b.x_low * sw]);
+  const A v4 = to_acc(plane[b.y_high * sh + b.x_high * sw]);
+  return b.w1 * v1 + b.w2 * v2 + b.w3 * v3 + b.w4 * v4;
+}
+
+/// Max-pool update: the first maximal sample wins; a NaN sample wins once and then sticks (NaN
+/// propagates, as in torch.max).
+template <class A>
+DETOPS_HOST_DEVICE inline bool max_pool_takes(A val, A best, std::int32_t best_index) {
+  return best_index < 0 || val > best || (val != val && best == best);
+}
+
+template <class T>
+DETOPS_HOST_DEVICE inline void roi_align_forward_element(std::int64_t i, const ForwardArgs<T>& a) {
+  using A = acc_t<T>;
+  const RoiAlignShape& s = a.shape;
+  const BinIndex bi = split_bin_index(i, s.C, s.PH, s.PW, a.channels_last);
+  const RoiBox<A> box = load_roi_box<A>(a.rois, bi.k, s);
+  T* out = a.output + bi.k * a.out.s0 + bi.c * a.out.s1 + bi.ph * a.out.s2 + bi.pw * a.out.s3;
+  std::int32_t* am = a.max_pool ? a.argmax + bi.k * a.am.s0 + bi.c * a.am.s1 + bi.ph * a.am.s2 + bi.pw * a.am.s3
+                                : nullptr;
+  if (box.batch < 0) {  // invalid row (only reachable with check_rois = false)
+    *out = from_acc<T>(A(0));
+    if (am) *am = -1;
+    return;
+  }
+  const T* plane = a.input + box.batch * a.in.s0 + bi.c * a.in.s1;
+  if (!a.max_pool) {
+    A acc = A(0);
+    for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
+      const A y = sample_coord(box.start_h, box.bin_h, bi.ph, iy, box.grid_h);
+      for (std::int64_t ix = 0; ix < box.grid_w; ++ix) {
+        const A x = sample_coord(box.start_w, box.bin_w, bi.pw, ix, box.grid_w);
+        const Bilinear<A> b = bilinear(y, x, s.H, s.W);
+        if (b.valid) acc += interpolate(plane, a.in.s2, a.in.s3, b);
+      }
+    }
+    *out = from_acc<T>(acc / box.count);
+  } else {
+    A best = A(0);
+    std::int32_t best_index = -1;
+    for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
+      const A y = sample_coord(box.start_h, box.bin_h, bi.ph, iy, box.grid_h);
+      for (std::int64_t ix = 0; ix < box.grid_w; ++ix) {
+        const A x = sample_coord(box.start_w, box.bin_w, bi.pw, ix, box.grid_w);
+        const Bilinear<A> b = bilinear(y, x, s.H, s.W);
+        const A val = b.valid ? interpolate(plane, a.in.s2, a.in.s3, b) : A(0);
+        if (max_pool_takes(val, best, best_index)) {
+          best = val;
+          best_index = static_cast<std::int32_t>(iy * box.grid_w + ix);
+        }
+      }
+    }
+    *out = from_acc<T>(best);
+    *am = best_index;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, scatter form (atomic and truncated modes): one grad_output element per thread,
+// contributions handed to `add(offset_in_grad_input, value)`.
+
+template <class T>
+struct BackwardArgs {
+  const T* grad_output;
+  Strides4 go;  // k, c, ph, pw
+  RoiSource rois;
+  Strides4 gi;  // grad_input strides: n, c, h, w
+  const std::int32_t* argmax;
+  Strides4 am;
+  RoiAlignShape shape;
+  bool max_pool;
+  bool channels_last;
+};
+
+/// Rounds an incoming gradient as kTruncated prescribes (narrow = 1: float16, 2: bfloat16),
+/// or leaves it (narrow = 0).
+DETOPS_HOST_DEVICE inline double truncate_gradient(double g, int narrow) {
+  if (narrow == 1) return static_cast<float>(from_double<Half>(g));
+  if (narrow == 2) return static_cast<float>(from_double<BFloat16>(g));
+  return g;
+}
+
+/// V is the type contributions are computed in: acc_t<T> for kAtomic, double for kTruncated.
+template <class T, class V, class Add>
+DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i, const BackwardArgs<T>& a,
+                                                                  int narrow, Add&& add) {
+  using A = acc_t<T>;
+  const RoiAlignShape& s = a.shape;
+  const BinIndex bi = split_bin_index(i, s.C, s.PH, s.PW, a.channels_last);
+  const RoiBox<A> box = load_roi_box<A>(a.rois, bi.k, s);
+  if (box.batch < 0) return;
+  const A g_acc = to_acc(a.grad_output[bi.k * a.go.s0 + bi.c * a.go.s1 + bi.ph * a.go.s2 + bi.pw * a.go.s3]);
+  V g;
+  if (narrow != 0) g = static_cast<V>(truncate_gradient(static_cast<double>(g_acc), narrow));
+  else g = static_cast<V>(g_acc);
+  const std::int64_t base = box.batch * a.gi.s0 + bi.c * a.gi.s1;
+  auto scatter = [&](const Bilinear<A>& b, V scale_num, V scale_den) {
+    // (g * w) / count, torchvision's order; count = 1 for max pooling
+    add(base + b.y_low * a.gi.s2 + b.x_low * a.gi.s3, scale_num * static_cast<V>(b.w1) / scale_den);
+    add(base + b.y_low * a.gi.s2 + b.x_high * a.gi.s3, scale_num * static_cast<V>(b.w2) / scale_den);
+    add(base + b.y_high * a.gi.s2 + b.x_low * a.gi.s3, scale_num * static_cast<V>(b.w3) / scale_den);
+    add(base + b.y_high * a.gi.s2 + b.x_high * a.gi.s3, scale_num * static_cast<V>(b.w4) / scale_den);
+  };
+  if (!a.max_pool) {
+    const V count = static_cast<V>(box.grid_h * box.grid_w);
+    for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
+      const A y = sample_coord(box.start_h, box.bin_h, bi.ph, iy, box.grid_h);
+      for (std::int64_t ix = 0; ix < box.grid_w; ++ix) {
+        const A x = sample_coord(box.start_w, box.bin_w, bi.pw, ix, box.grid_w);
+        const Bilinear<A> b = bilinear(y, x, s.H, s.W);
+        if (b.valid) scatter(b, g, count);
+      }
+    }
+  } else {
+    const std::int32_t idx = a.argmax[bi.k * a.am.s0 + bi.c * a.am.s1 + bi.ph * a.am.s2 + bi.pw * a.am.s3];
+    if (idx < 0 || box.grid_w <= 0 || idx >= box.grid_h * box.grid_w) return;
+    const std::int64_t iy = idx / box.grid_w, ix = idx % box.grid_w;
+    const A y = sample_coord(box.start_h, box.bin_h, bi.ph, iy, box.grid_h);
+    const A x = sample_coord(box.start_w, box.bin_w, bi.pw, ix, box.grid_w);
+    const Bilinear<A> b = bilinear(y, x, s.H, s.W);
+    if (b.valid) scatter(b, g, V(1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, exact mode. Phase 1 enumerates every (position, weight, bin, sample) contribution
+// into fixed slots (4 per sample; slot order = roi, bin, sample, corner); phase 2 sorts the slots
+// stably by position (CUB radix sort / stable counting sort); phase 3 sums each position's
+// contributions in that order, for every channel.
+
+/// Samples (not slots) of each roi: grid_h * grid_w * PH * PW, 0 for invalid rows.
+template <class A>
+DETOPS_HOST_DEVICE inline std::int64_t roi_sample_count(const RoiSource& rois, std::int64_t k, const RoiAlignShape& s) {
+  const RoiBox<A> box = load_roi_box<A>(rois, k, s);
+  return box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
+}
+
+template <class A>
+struct ExactRecords {
+  std::uint64_t* keys;      // position n*H*W + y*W + x, or the sentinel N*H*W for "no contribution"
+  std::int64_t* ids;        // slot index (the sort's payload)
+  A* weights;               // bilinear weight, divided by count for avg pooling
+  std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]
+  std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling)
+  std::int32_t* samples;     // iy*grid_w + ix within the bin (max pooling)
+};
+
+template <class A>
+struct EnumerateArgs {
+  RoiSource rois;
+  const std::int64_t* roi_offsets;  // exclusive prefix of roi_sample_count, in samples
+  RoiAlignShape shape;
+  bool max_pool;
+  Strides4 go;  // grad_output strides
+  Strides4 am;  // argmax strides
+  ExactRecords<A> rec;
+};
+
+/// Phase 1, one (roi, bin) per thread: t in [0, K*PH*PW).
+template <class A>
+DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, const EnumerateArgs<A>& a) {
+  const RoiAlignShape& s = a.shape;
+  const std::int64_t bins = s.PH * s.PW;
+  const std::int64_t k = t / bins, bin = t % bins;
+  const std::int64_t ph = bin / s.PW, pw = bin % s.PW;
+  const RoiBox<A> box = load_roi_box<A>(a.rois, k, s);
+  if (box.batch < 0) return;  // contributes no slots (its count is 0)
+  const std::int64_t per_bin = box.grid_h * box.grid_w;
+  const std::int64_t first = 4 * (a.roi_offsets[k] + bin * per_bin);
+  const std::uint64_t plane = static_cast<std::uint64_t>(box.batch * s.H * s.W);
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  const A count = static_cast<A>(per_bin);
+  const std::int64_t go_offset = k * a.go.s0 + ph * a.go.s2 + pw * a.go.s3;
+  const std::int64_t am_offset = k * a.am.s0 + ph * a.am.s2 + pw * a.am.s3;
+  for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
+    const A y = sample_coord(box.start_h, box.bin_h, ph, iy, box.grid_h);
+    for (std::int64_t ix = 0; ix < box.grid_w; ++ix) {
+      const A x = sample_coord(box.start_w, box.bin_w, pw, ix, box.grid_w);
+      const Bilinear<A> b = bilinear(y, x, s.H, s.W);
+      const std::int64_t sample = iy * box.grid_w + ix;
+      const std::int64_t j = first + 4 * sample;
+      const std::int64_t ys[4] = {b.y_low, b.y_low, b.y_high, b.y_high};
+      const std::int64_t xs[4] = {b.x_low, b.x_high, b.x_low, b.x_high};
+      const A ws[4] = {b.w1, b.w2, b.w3, b.w4};
+      for (int q = 0; q < 4; ++q) {
+        a.rec.keys[j + q] = b.valid ? plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]) : sentinel;
+        a.rec.ids[j + q] = j + q;
+        a.rec.weights[j + q] = b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0);
+        a.rec.go_offsets[j + q] = go_offset;
+        a.rec.am_offsets[j + q] = am_offset;
+        a.rec.samples[j + q] = static_cast<std::int32_t>(sample);
+      }
+    }
+  }
+}
+
+/// Phase 3 input: the slots permuted into sorted order, cut into runs of equal position.
+template <class T>
+struct GatherArgs {
+  const std::uint64_t* run_keys;    // position of each run
+  const std::int64_t* run_offsets;  // first sorted slot of each run
+  const std::int64_t* run_lengths;
+  const acc_t<T>* weights;          // in sorted order
+  const std::int64_t* go_offsets;   // in sorted order
+  const std::int64_t* am_offsets;   // in sorted order
+  const std::int32_t* samples;      // in sorted order
+  const T* grad_output;
+  std::int64_t go_c;                // grad_output channel stride
+  const std::int32_t* argmax;
+  std::int64_t am_c;                // argmax channel stride
+  T* grad_input;
+  Strides4 gi;
+  RoiAlignShape shape;
+  bool max_pool;
+};
+
+/// Whether sorted slot r contributes to channel c (max pooling: only the bin's winning sample).
+template <class T>
+DETOPS_HOST_DEVICE inline bool exact_slot_active(const GatherArgs<T>& a, std::int64_t r, std::int64_t c) {
+  return !a.max_pool || a.argmax[a.am_offsets[r] + c * a.am_c] == a.samples[r];
+}
+
+/// The fixed-order sum of one run for one channel: acc = acc + g * w, slot by slot. Every
+/// backend produces exactly this sequence of roundings.
+template <class T>
+DETOPS_HOST_DEVICE inline acc_t<T> exact_run_sum(const GatherArgs<T>& a, std::int64_t run, std::int64_t c) {
+  using A = acc_t<T>;
+  const std::int64_t begin = a.run_offsets[run], end = begin + a.run_lengths[run];
+  A acc = A(0);
+  for (std::int64_t r = begin; r < end; ++r) {
+    if (!exact_slot_active(a, r, c)) continue;
+    acc = acc + to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c]) * a.weights[r];
+  }
+  return acc;
+}
+
+/// Decodes a run's position into its grad_input offset (without the channel term).
+template <class T>
+DETOPS_HOST_DEVICE inline std::int64_t exact_run_target(const GatherArgs<T>& a, std::uint64_t key) {
+  const RoiAlignShape& s = a.shape;
+  const std::int64_t pos = static_cast<std::int64_t>(key);
+  const std::int64_t n = pos / (s.H * s.W), yx = pos % (s.H * s.W);
+  return n * a.gi.s0 + (yx / s.W) * a.gi.s2 + (yx % s.W) * a.gi.s3;
+}
+
+/// Permutes slot fields into sorted order: r-th sorted slot came from slot ids[r].
+template <class A>
+DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std::int64_t* sorted_ids,
+                                                       const ExactRecords<A>& from, const ExactRecords<A>& to) {
+  const std::int64_t j = sorted_ids[r];
+  to.weights[r] = from.weights[j];
+  to.go_offsets[r] = from.go_offsets[j];
+  to.am_offsets[r] = from.am_offsets[j];
+  to.samples[r] = from.samples[j];
+}
+
+/// Phase 3, one (run, channel) per thread: t in [0, runs*C), channel-fastest when grad_input
+/// is channels-last. Runs holding the sentinel write nothing.
+template <class T>
+DETOPS_HOST_DEVICE inline void roi_align_exact_gather_element(std::int64_t t, const GatherArgs<T>& a,
+                                                              bool channels_last, std::int64_t runs) {
+  const RoiAlignShape& s = a.shape;
+  std::int64_t run, c;
+  if (channels_last) {
+    c = t % s.C;
+    run = t / s.C;
+  } else {
+    run = t % runs;
+    c = t / runs;
+  }
+  const std::uint64_t key = a.run_keys[run];
+  if (key >= static_cast<std::uint64_t>(s.N * s.H * s.W)) return;
+  a.grad_input[exact_run_target(a, key) + c * a.gi.s1] = from_acc<T>(exact_run_sum(a, run, c));
+}
+
+}  // namespace detail
+}  // namespace detops

@@ -1,0 +1,9 @@
+// Umbrella header: everything detops offers.
+#pragma once
+
+#include "detops/context.h"
+#include "detops/dtype.h"
+#include "detops/error.h"
+#include "detops/roi_align.h"
+#include "detops/tensor.h"
+#include "detops/version.h"

@@ -1,0 +1,209 @@
+// Element types of detops tensors: DType, the 16-bit storage types Half and BFloat16, and the
+// accumulation-type trait. Conversions round to nearest even and are bit-identical on host and
+// device (the host path is portable bit manipulation, the device path the CUDA intrinsics, which
+// implement the same IEEE rounding), so CPU and CUDA results agree to the last bit.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "detops/detail/host_device.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace detops {
+
+/// Element type of a tensor. kInt32 is only used for index outputs (max-pool argmax).
+enum class DType : std::uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32 };
+
+/// Size of one element in bytes.
+constexpr std::size_t dtype_size(DType t) noexcept {
+  switch (t) {
+    case DType::kFloat64: return 8;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    default: return 4;
+  }
+}
+
+/// Name as used in error messages: "float32", "float64", "float16", "bfloat16", "int32".
+constexpr std::string_view dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kInt32: return "int32";
+  }
+  return "unknown";
+}
+
+namespace detail {
+DETOPS_HOST_DEVICE inline std::uint32_t float_bits(float f) {
+#if DETOPS_ON_DEVICE
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
+#if DETOPS_ON_DEVICE
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// IEEE binary16, round to nearest even, with overflow to inf, subnormals and NaN preserved.
+DETOPS_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or NaN (keep NaN quiet and non-zero payload)
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0u));
+  }
+  if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
+  if (absx < 0x38800000u) {  // result is subnormal or zero (|f| < 2^-14)
+    if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);  // < 2^-25 rounds to 0
+    const std::uint32_t exp = absx >> 23;                               // 102..112
+    const std::uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126u - exp;                              // 14..24
+    std::uint32_t h = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1u);
+    const std::uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  // normal: rebias exponent 127 -> 15, keep 10 mantissa bits, round to nearest even
+  std::uint32_t h = ((absx - 0x38000000u) >> 13);
+  const std::uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+DETOPS_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    if (mant == 0) return bits_float(sign);
+    // subnormal: value = mant * 2^-24, exact in float
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    return bits_float(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
+  }
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// bfloat16 is the top half of a float32: round to nearest even, NaN kept quiet.
+DETOPS_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits(float f) {
+  const std::uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>((x + rounding) >> 16);
+}
+DETOPS_HOST_DEVICE inline float bfloat16_bits_to_float(std::uint16_t b) {
+  return bits_float(static_cast<std::uint32_t>(b) << 16);
+}
+}  // namespace detail
+
+/// IEEE-754 binary16 storage type (layout-compatible with CUDA's __half).
+struct Half {
+  std::uint16_t bits = 0;
+  Half() = default;
+  DETOPS_HOST_DEVICE explicit Half(float f) {
+#if DETOPS_ON_DEVICE
+    bits = __half_as_ushort(__float2half_rn(f));
+#else
+    bits = detail::float_to_half_bits(f);
+#endif
+  }
+  DETOPS_HOST_DEVICE explicit operator float() const {
+#if DETOPS_ON_DEVICE
+    return __half2float(__ushort_as_half(bits));
+#else
+    return detail::half_bits_to_float(bits);
+#endif
+  }
+  DETOPS_HOST_DEVICE static Half from_bits(std::uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
+};
+
+/// bfloat16 storage type (layout-compatible with CUDA's __nv_bfloat16).
+struct BFloat16 {
+  std::uint16_t bits = 0;
+  BFloat16() = default;
+  DETOPS_HOST_DEVICE explicit BFloat16(float f) {
+#if DETOPS_ON_DEVICE
+    bits = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    bits = detail::float_to_bfloat16_bits(f);
+#endif
+  }
+  DETOPS_HOST_DEVICE explicit operator float() const {
+#if DETOPS_ON_DEVICE
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+#else
+    return detail::bfloat16_bits_to_float(bits);
+#endif
+  }
+  DETOPS_HOST_DEVICE static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+/// Accumulation type: float for float/half/bfloat16, double for double.
+template <class T> struct AccType { using type = float; };
+template <> struct AccType<double> { using type = double; };
+template <class T> using acc_t = typename AccType<T>::type;
+
+/// C++ type -> DType.
+template <class T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::kInt32; };
+
+/// Load a stored element as its accumulation type, and store an accumulator back (RNE).
+template <class T> DETOPS_HOST_DEVICE inline acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }
+template <class T> DETOPS_HOST_DEVICE inline T from_acc(acc_t<T> v) { return T(v); }
+namespace detail {
+// double -> float rounded to odd: truncate, then set the last bit if anything was dropped. A
+// second rounding of the result to a format with at most 22 significand bits (half, bfloat16) is
+// then the correctly rounded double -> half/bfloat16 conversion (no double-rounding error).
+DETOPS_HOST_DEVICE inline float double_to_float_round_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (!(static_cast<double>(f) != d)) return f;  // exact, or NaN
+  std::uint32_t u = float_bits(f);
+  const double af = f < 0 ? -static_cast<double>(f) : static_cast<double>(f);
+  const double ad = d < 0 ? -d : d;
+  if (af > ad) u -= 1u;  // rounded away from zero: step back towards zero (inf -> FLT_MAX)
+  return bits_float(u | 1u);
+}
+}  // namespace detail
+
+/// Correctly rounded (nearest even) conversion from double to any storage type.
+template <class T> DETOPS_HOST_DEVICE inline T from_double(double v) {
+  if constexpr (sizeof(T) == 2) return T(detail::double_to_float_round_odd(v));
+  else return static_cast<T>(v);
+}
+
+}  // namespace detops

@@ -1,0 +1,40 @@
+// The CUDA seam in a CPU-only build: every CUDA entry point reports that CUDA is not compiled.
+#include <cstring>
+
+#include "internal/common.h"
+#include "internal/roi_align_backend.h"
+#include "internal/runtime.h"
+
+namespace detops {
+namespace internal {
+
+namespace {
+[[noreturn]] void not_compiled(const char* what) {
+  fail(ErrorCode::kNotCompiled, "{}: this build of detops has no CUDA backend (configure with DETOPS_CUDA=ON)", what);
+}
+}  // namespace
+
+bool cuda_backend_compiled() { return false; }
+int cuda_devices() { return 0; }
+void* cuda_malloc(std::size_t, Device) { not_compiled("cuda_malloc"); }
+void cuda_free(void*, Device) noexcept {}
+void* cuda_malloc_async(std::size_t, Device, void*) { not_compiled("cuda_malloc_async"); }
+void cuda_free_async(void*, Device, void*) noexcept {}
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
+  if (!dd.is_cpu() || !sd.is_cpu()) not_compiled("copy_bytes");
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void cuda_memset(void*, int, std::size_t, Device) { not_compiled("cuda_memset"); }
+
+RoiCheck roi_align_check_rois_cuda(const RoiAlignCall&, bool, bool, const Context&) { not_compiled("roi_align"); }
+void roi_align_forward_cuda(const RoiAlignCall&, const Context&) { not_compiled("roi_align_forward"); }
+std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall&, const RoiCheck&, BackwardMode) {
+  not_compiled("roi_align_backward");
+}
+void roi_align_backward_cuda(const RoiAlignCall&, const RoiCheck&, const RoiAlignBackwardOptions&, const Context&,
+                             Workspace) {
+  not_compiled("roi_align_backward");
+}
+
+}  // namespace internal
+}  // namespace detops

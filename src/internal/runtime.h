@@ -1,0 +1,25 @@
+// The seam between host code and the CUDA runtime: implemented by cuda/runtime.cu when the CUDA
+// backend is built, and by src/cuda_stub.cpp (throwing ErrorCode::kNotCompiled) otherwise.
+#pragma once
+
+#include <cstddef>
+
+#include "detops/tensor.h"
+
+namespace detops {
+namespace internal {
+
+bool cuda_backend_compiled();
+int cuda_devices();
+/// Synchronous allocation and free (for Tensor).
+void* cuda_malloc(std::size_t bytes, Device d);
+void cuda_free(void* p, Device d) noexcept;
+/// Stream-ordered allocation and free (for workspace).
+void* cuda_malloc_async(std::size_t bytes, Device d, void* stream);
+void cuda_free_async(void* p, Device d, void* stream) noexcept;
+/// Synchronous copy between any two devices (host <-> device or device <-> device).
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
+void cuda_memset(void* p, int value, std::size_t bytes, Device d);
+
+}  // namespace internal
+}  // namespace detops

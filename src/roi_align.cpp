@@ -1,0 +1,294 @@
+// RoIAlign entry points: validate every argument (before anything is allocated, launched or
+// written), then hand a RoiAlignCall to the CPU or CUDA backend.
+#include "detops/roi_align.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "internal/common.h"
+#include "internal/roi_align_backend.h"
+
+namespace detops {
+
+const char* to_string(BackwardMode mode) {
+  switch (mode) {
+    case BackwardMode::kAtomic: return "atomic";
+    case BackwardMode::kTruncated: return "truncated";
+    case BackwardMode::kExact: return "exact";
+  }
+  return "unknown";
+}
+const char* to_string(PoolMode mode) { return mode == PoolMode::kMax ? "max" : "avg"; }
+
+namespace {
+
+using internal::fail;
+constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+
+bool is_floating(DType t) { return t != DType::kInt32; }
+
+std::string sizes_str(const TensorView& v) {
+  std::vector<std::int64_t> s(v.sizes, v.sizes + v.rank);
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+void check_tensor(const char* op, const char* name, const TensorView& v, int rank) {
+  if (v.rank != rank)
+    fail(kBad, "{}: {} has rank {} (sizes {}); expected rank {}", op, name, v.rank, sizes_str(v), rank);
+  for (int d = 0; d < rank; ++d) {
+    if (v.sizes[d] < 0) fail(kBad, "{}: {} has negative size {} in dim {}; expected sizes >= 0", op, name, v.sizes[d], d);
+    if (v.strides[d] < 0)
+      fail(kBad, "{}: {} has negative stride {} in dim {}; expected strides >= 0", op, name, v.strides[d], d);
+  }
+  if (v.numel() > 0 && v.data == nullptr) fail(kBad, "{}: {} has {} elements but a null data pointer", op, name, v.numel());
+  if (v.device.is_cuda() && v.device.index < 0)
+    fail(kBad, "{}: {} is on cuda:{}; expected a device index >= 0", op, name, v.device.index);
+}
+
+/// Outputs must not have two indices that alias one element (they are written in parallel).
+void check_non_overlapping(const char* op, const char* name, const TensorView& v) {
+  if (v.numel() <= 1) return;
+  std::vector<int> dims;
+  for (int d = 0; d < v.rank; ++d)
+    if (v.sizes[d] > 1) dims.push_back(d);
+  std::sort(dims.begin(), dims.end(), [&](int a, int b) { return v.strides[a] < v.strides[b]; });
+  std::int64_t need = 1;
+  for (int d : dims) {
+    if (v.strides[d] < need)
+      fail(kBad, "{}: {} {} has overlapping elements (strides [{}]); expected a non-overlapping output", op, name,
+           sizes_str(v), fmt::join(std::vector<std::int64_t>(v.strides, v.strides + v.rank), ", "));
+    need = v.strides[d] * v.sizes[d];
+  }
+}
+
+void check_same_device(const char* op, const char* name, const TensorView& v, const char* ref_name, const TensorView& ref) {
+  if (v.device != ref.device)
+    fail(kBad, "{}: {} is on {}; expected the device of {} ({})", op, name, to_string(v.device), ref_name,
+         to_string(ref.device));
+}
+
+void check_options(const char* op, const RoiAlignOptions& o) {
+  if (o.pooled_height <= 0 || o.pooled_width <= 0)
+    fail(kBad, "{}: pooled size is {}x{}; expected pooled_height and pooled_width > 0", op, o.pooled_height,
+         o.pooled_width);
+  if (!(std::isfinite(o.spatial_scale) && o.spatial_scale > 0))
+    fail(kBad, "{}: spatial_scale is {}; expected a finite value > 0", op, o.spatial_scale);
+  if (o.max_samples_per_roi <= 0)
+    fail(kBad, "{}: max_samples_per_roi is {}; expected > 0", op, o.max_samples_per_roi);
+  if (o.sampling_ratio > 0) {
+    const double per_roi = static_cast<double>(o.sampling_ratio) * static_cast<double>(o.sampling_ratio) *
+                           static_cast<double>(o.pooled_height) * static_cast<double>(o.pooled_width);
+    if (per_roi > static_cast<double>(o.max_samples_per_roi))
+      fail(kBad, "{}: sampling_ratio {} with pooled size {}x{} takes {} samples per roi; expected at most "
+           "max_samples_per_roi = {}", op, o.sampling_ratio, o.pooled_height, o.pooled_width, per_roi,
+           o.max_samples_per_roi);
+  }
+}
+
+/// Checks rois (rank, columns, dtype, device) against the features' dtype and device.
+void check_rois_tensor(const char* op, const TensorView& rois, const TensorView& features, const char* fname) {
+  check_tensor(op, "rois", rois, 2);
+  if (rois.sizes[1] != 5) fail(kBad, "{}: rois has sizes {}; expected [K, 5] rows (batch_index, x1, y1, x2, y2)", op, sizes_str(rois));
+  const bool ok_dtype = rois.dtype == features.dtype || rois.dtype == DType::kFloat32 || rois.dtype == DType::kFloat64;
+  if (!ok_dtype || !is_floating(rois.dtype))
+    fail(kBad, "{}: rois has dtype {}; expected {} (the dtype of {}), float32 or float64", op, dtype_name(rois.dtype),
+         dtype_name(features.dtype), fname);
+  check_same_device(op, "rois", rois, fname, features);
+}
+
+void check_pooled(const char* op, const char* name, const TensorView& v, std::int64_t K, std::int64_t C,
+                  const RoiAlignOptions& o, DType dtype, const TensorView& ref, const char* ref_name) {
+  check_tensor(op, name, v, 4);
+  if (v.sizes[0] != K || v.sizes[1] != C || v.sizes[2] != o.pooled_height || v.sizes[3] != o.pooled_width)
+    fail(kBad, "{}: {} has sizes {}; expected [K, C, PH, PW] = [{}, {}, {}, {}]", op, name, sizes_str(v), K, C,
+         o.pooled_height, o.pooled_width);
+  if (v.dtype != dtype)
+    fail(kBad, "{}: {} has dtype {}; expected {}", op, name, dtype_name(v.dtype), dtype_name(dtype));
+  check_same_device(op, name, v, ref_name, ref);
+}
+
+void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOptions& o, const TensorView& pooled,
+                  const char* pooled_name, bool write) {
+  if (o.pool_mode != PoolMode::kMax) {
+    if (argmax.defined())
+      fail(kBad, "{}: argmax was given with pool_mode avg; expected no argmax (it is only used by max pooling)", op);
+    return;
+  }
+  if (!argmax.defined()) fail(kBad, "{}: pool_mode max needs argmax (int32, sizes of {}); none was given", op, pooled_name);
+  check_pooled(op, "argmax", argmax, pooled.sizes[0], pooled.sizes[1], o, DType::kInt32, pooled, pooled_name);
+  if (write) check_non_overlapping(op, "argmax", argmax);
+}
+
+detail::RoiAlignShape make_shape(const TensorView& features, std::int64_t K, const RoiAlignOptions& o) {
+  detail::RoiAlignShape s{};
+  s.N = features.sizes[0];
+  s.C = features.sizes[1];
+  s.H = features.sizes[2];
+  s.W = features.sizes[3];
+  s.K = K;
+  s.PH = o.pooled_height;
+  s.PW = o.pooled_width;
+  s.spatial_scale = o.spatial_scale;
+  s.sampling_ratio = o.sampling_ratio;
+  s.aligned = o.aligned;
+  s.max_samples_per_roi = o.max_samples_per_roi;
+  return s;
+}
+
+/// Turns a failed roi check into the documented error.
+void raise_roi_error(const char* op, const internal::RoiCheck& c, const detail::RoiAlignShape& s) {
+  using detail::RoiStatus;
+  const double* r = c.row;
+  switch (c.status) {
+    case RoiStatus::kOk: return;
+    case RoiStatus::kBatchIndexNotFinite:
+    case RoiStatus::kBatchIndexNotInteger:
+    case RoiStatus::kBatchIndexOutOfRange:
+      fail(kBad, "{}: rois[{}] has batch index {}; expected an integer in [0, {})", op, c.bad_row, r[0], s.N);
+    case RoiStatus::kCoordinateNotFinite:
+      fail(kBad, "{}: rois[{}] has coordinates (x1, y1, x2, y2) = ({}, {}, {}, {}); expected finite values", op,
+           c.bad_row, r[1], r[2], r[3], r[4]);
+    case RoiStatus::kGeometryNotFinite:
+      fail(kBad, "{}: rois[{}] = ({}, {}, {}, {}) scaled by spatial_scale {} overflows the accumulation type; expected "
+           "coordinates within its range", op, c.bad_row, r[1], r[2], r[3], r[4], s.spatial_scale);
+    case RoiStatus::kTooManySamples:
+      fail(ErrorCode::kOutOfMemory,
+           "{}: rois[{}] = ({}, {}, {}, {}) needs an adaptive grid of {}x{} samples per bin ({} bins); expected at most "
+           "max_samples_per_roi = {} samples per roi (raise RoiAlignOptions::max_samples_per_roi or set a fixed "
+           "sampling_ratio)", op, c.bad_row, r[1], r[2], r[3], r[4], c.grid_h, c.grid_w, s.PH * s.PW,
+           s.max_samples_per_roi);
+  }
+}
+
+internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const RoiAlignOptions& o, bool need_total,
+                                     const Context& ctx) {
+  internal::RoiCheck check;
+  if (call.shape.K == 0) {
+    check.total_samples = 0;
+    return check;
+  }
+  if (call.features.device.is_cpu()) {
+    check = internal::roi_align_check_rois_cpu(call, need_total);
+  } else {
+    if (!o.check_rois && !need_total) return check;
+    check = internal::roi_align_check_rois_cuda(call, o.check_rois, need_total, ctx);
+  }
+  if (o.check_rois) raise_roi_error(call.op, check, call.shape);
+  return check;
+}
+
+/// RAII workspace: the caller's buffer, or one from the context's allocator.
+class ScopedWorkspace {
+ public:
+  ScopedWorkspace(const char* op, Workspace given, std::size_t need, Device device, const Context& ctx)
+      : device_(device), ctx_(ctx) {
+    if (need == 0) return;
+    if (given.data) {
+      if (given.bytes < need)
+        fail(kBad, "{}: workspace has {} bytes; expected at least {} (see roi_align_backward_workspace_size)", op,
+             given.bytes, need);
+      ws_ = given;
+      return;
+    }
+    alloc_ = ctx.allocator ? ctx.allocator : &default_allocator();
+    ws_.data = alloc_->allocate(need, device, ctx.cuda_stream);
+    ws_.bytes = need;
+  }
+  ~ScopedWorkspace() {
+    if (alloc_ && ws_.data) alloc_->deallocate(ws_.data, ws_.bytes, device_, ctx_.cuda_stream);
+  }
+  ScopedWorkspace(const ScopedWorkspace&) = delete;
+  ScopedWorkspace& operator=(const ScopedWorkspace&) = delete;
+  Workspace get() const { return ws_; }
+
+ private:
+  Workspace ws_{};
+  Allocator* alloc_ = nullptr;
+  Device device_;
+  const Context& ctx_;
+};
+
+internal::RoiAlignCall validate_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
+                                        const RoiAlignOptions& o, const TensorView& argmax) {
+  const char* op = "roi_align_forward";
+  check_options(op, o);
+  check_tensor(op, "input", input, 4);
+  if (!is_floating(input.dtype)) fail(kBad, "{}: input has dtype {}; expected a floating dtype", op, dtype_name(input.dtype));
+  check_rois_tensor(op, rois, input, "input");
+  check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
+  check_non_overlapping(op, "output", output);
+  check_argmax(op, argmax, o, output, "output", true);
+  if (rois.sizes[0] > 0 && input.sizes[1] > 0 && (input.sizes[2] == 0 || input.sizes[3] == 0))
+    fail(kBad, "{}: input has sizes {}; expected H > 0 and W > 0 when there are rois to pool", op, sizes_str(input));
+  internal::RoiAlignCall call{op, input, rois, output, argmax, make_shape(input, rois.sizes[0], o),
+                              o.pool_mode == PoolMode::kMax};
+  return call;
+}
+
+internal::RoiAlignCall validate_backward(const TensorView& grad_output, const TensorView& rois,
+                                         const TensorView& grad_input, const RoiAlignOptions& o,
+                                         const RoiAlignBackwardOptions& b, const TensorView& argmax) {
+  const char* op = "roi_align_backward";
+  check_options(op, o);
+  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kTruncated && b.mode != BackwardMode::kExact)
+    fail(kBad, "{}: backward mode {} is unknown; expected atomic, truncated or exact", op, static_cast<int>(b.mode));
+  if (b.truncation != TruncationFormat::kFloat16 && b.truncation != TruncationFormat::kBFloat16)
+    fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
+  check_tensor(op, "grad_input", grad_input, 4);
+  if (!is_floating(grad_input.dtype))
+    fail(kBad, "{}: grad_input has dtype {}; expected a floating dtype", op, dtype_name(grad_input.dtype));
+  check_non_overlapping(op, "grad_input", grad_input);
+  check_rois_tensor(op, rois, grad_input, "grad_input");
+  check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype, grad_input,
+               "grad_input");
+  check_argmax(op, argmax, o, grad_output, "grad_output", false);
+  if (rois.sizes[0] > 0 && grad_input.sizes[1] > 0 && (grad_input.sizes[2] == 0 || grad_input.sizes[3] == 0))
+    fail(kBad, "{}: grad_input has sizes {}; expected H > 0 and W > 0 when there are rois", op, sizes_str(grad_input));
+  internal::RoiAlignCall call{op, grad_input, rois, grad_output, argmax, make_shape(grad_input, rois.sizes[0], o),
+                              o.pool_mode == PoolMode::kMax};
+  return call;
+}
+
+bool needs_total(const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
+  return b.mode == BackwardMode::kExact && o.sampling_ratio <= 0;
+}
+
+std::size_t workspace_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
+  if (call.shape.K == 0 || call.shape.C == 0) return 0;
+  return call.features.device.is_cpu() ? internal::roi_align_backward_workspace_cpu(call, check, mode)
+                                       : internal::roi_align_backward_workspace_cuda(call, check, mode);
+}
+
+}  // namespace
+
+void roi_align_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
+                       const RoiAlignOptions& options, const Context& ctx, const TensorView& argmax) {
+  const internal::RoiAlignCall call = validate_forward(input, rois, output, options, argmax);
+  check_rois_values(call, options, false, ctx);
+  if (output.numel() == 0) return;
+  if (input.device.is_cpu()) internal::roi_align_forward_cpu(call, ctx);
+  else internal::roi_align_forward_cuda(call, ctx);
+}
+
+std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, const TensorView& rois,
+                                              const TensorView& grad_input, const RoiAlignOptions& options,
+                                              const RoiAlignBackwardOptions& backward, const Context& ctx) {
+  const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {});
+  const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
+  return workspace_bytes(call, check, backward.mode);
+}
+
+void roi_align_backward(const TensorView& grad_output, const TensorView& rois, const TensorView& grad_input,
+                        const RoiAlignOptions& options, const RoiAlignBackwardOptions& backward, const Context& ctx,
+                        const TensorView& argmax, Workspace workspace) {
+  const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
+  const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
+  const std::size_t need = workspace_bytes(call, check, backward.mode);
+  ScopedWorkspace ws(call.op, workspace, need, grad_input.device, ctx);
+  if (grad_input.numel() == 0) return;
+  if (grad_input.device.is_cpu()) internal::roi_align_backward_cpu(call, check, backward, ctx, ws.get());
+  else internal::roi_align_backward_cuda(call, check, backward, ctx, ws.get());
+}
+
+}  // namespace detops

@@ -1,0 +1,450 @@
+// RoIAlign on the CPU: every dtype x layout x backward mode x pool mode against the float64
+// reference, bitwise reproducibility of the truncated and exact modes (runs, thread counts,
+// layouts), empty problems, and the bad-input matrix with poisoned outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <tuple>
+
+#include "reference/roi_align_reference.h"
+#include "test_util.h"
+
+namespace detops {
+namespace {
+
+using test::make_tensor;
+using test::to_vector;
+
+/// Values as the library sees them after storing in dtype (so the reference sees the same input).
+std::vector<double> rounded(const std::vector<double>& v, DType dt) {
+  Tensor t = make_tensor({static_cast<std::int64_t>(v.size())}, dt, v);
+  return to_vector(t);
+}
+
+double forward_tolerance(DType dt) {
+  switch (dt) {
+    case DType::kFloat64: return 1e-12;
+    case DType::kFloat32: return 2e-6;
+    case DType::kFloat16: return 2e-3;
+    default: return 1.6e-2;
+  }
+}
+
+double backward_tolerance(DType dt, BackwardMode mode) {
+  switch (dt) {
+    case DType::kFloat64: return 1e-12;
+    case DType::kFloat32: return 5e-6;
+    case DType::kFloat16: return mode == BackwardMode::kAtomic ? 1.5e-2 : 2e-3;
+    default: return mode == BackwardMode::kAtomic ? 8e-2 : 1.6e-2;
+  }
+}
+
+struct Problem {
+  std::int64_t N = 2, C = 5, H = 13, W = 17, K = 12;
+  RoiAlignOptions opt;
+  std::vector<double> input, rois, grad;
+};
+
+Problem make_problem(std::int64_t sampling_ratio, bool aligned, PoolMode pool, std::uint64_t seed) {
+  Problem p;
+  p.opt.pooled_height = 3;
+  p.opt.pooled_width = 4;
+  p.opt.spatial_scale = 0.5;
+  p.opt.sampling_ratio = sampling_ratio;
+  p.opt.aligned = aligned;
+  p.opt.pool_mode = pool;
+  p.input = test::random_values(static_cast<std::size_t>(p.N * p.C * p.H * p.W), seed, -2.0, 2.0);
+  p.rois = test::random_rois(p.K, p.N, p.H / 0.5, p.W / 0.5, seed + 1, 1.0, 20.0);
+  // edge cases: a box beyond the apron, a zero-size box, a box covering the whole map
+  p.rois[0 * 5 + 1] = -20, p.rois[0 * 5 + 2] = -20, p.rois[0 * 5 + 3] = -6, p.rois[0 * 5 + 4] = -4;
+  p.rois[1 * 5 + 1] = 7, p.rois[1 * 5 + 2] = 9, p.rois[1 * 5 + 3] = 7, p.rois[1 * 5 + 4] = 9;
+  p.rois[2 * 5 + 1] = -3, p.rois[2 * 5 + 2] = -3, p.rois[2 * 5 + 3] = 40, p.rois[2 * 5 + 4] = 30;
+  p.grad = test::random_values(static_cast<std::size_t>(p.K * p.C * p.opt.pooled_height * p.opt.pooled_width),
+                               seed + 2, -1.0, 1.0);
+  return p;
+}
+
+using Param = std::tuple<DType, Layout, BackwardMode, PoolMode, bool /*aligned*/, std::int64_t /*sampling*/>;
+
+class RoiAlignCpu : public ::testing::TestWithParam<Param> {};
+
+TEST_P(RoiAlignCpu, MatchesFloat64Reference) {
+  const auto [dt, layout, mode, pool, aligned, sr] = GetParam();
+  Problem p = make_problem(sr, aligned, pool, 1234 + static_cast<std::uint64_t>(sr) * 7 + (aligned ? 1 : 0));
+  const std::int64_t PH = p.opt.pooled_height, PW = p.opt.pooled_width;
+  const std::vector<double> in_r = rounded(p.input, dt);
+  Tensor input = make_tensor({p.N, p.C, p.H, p.W}, dt, p.input, layout);
+  Tensor rois = make_tensor({p.K, 5}, dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, p.rois);
+  Tensor output = Tensor::empty({p.K, p.C, PH, PW}, dt, Device::cpu(), layout);
+  Tensor argmax;
+  if (pool == PoolMode::kMax) argmax = Tensor::empty({p.K, p.C, PH, PW}, DType::kInt32, Device::cpu(), layout);
+  output.fill_bytes(0xCD);
+  Context ctx;
+  ctx.num_threads = 2;
+  roi_align_forward(input, rois, output, p.opt, ctx, argmax);
+
+  std::vector<double> rois_used = to_vector(rois);
+  std::vector<double> ref_out;
+  std::vector<std::int32_t> ref_argmax;
+  ref::roi_align_forward_ref(in_r, p.N, p.C, p.H, p.W, rois_used, p.K, PH, PW, p.opt.spatial_scale, sr, aligned,
+                             pool == PoolMode::kMax, &ref_out, &ref_argmax);
+  EXPECT_LE(test::max_rel_error(to_vector(output), ref_out), forward_tolerance(dt));
+
+  // Backward against the reference fed with the same (possibly truncated) gradients.
+  Tensor grad_output = make_tensor({p.K, p.C, PH, PW}, dt, p.grad, layout);
+  std::vector<double> g = to_vector(grad_output);
+  if (mode == BackwardMode::kTruncated)
+    for (double& x : g) x = static_cast<float>(from_double<Half>(x));
+  std::vector<std::int32_t> am;
+  if (pool == PoolMode::kMax) {
+    const std::vector<double> a = to_vector(argmax);
+    am.assign(a.begin(), a.end());
+  }
+  const std::vector<double> ref_grad =
+      ref::roi_align_backward_ref(g, p.N, p.C, p.H, p.W, rois_used, p.K, PH, PW, p.opt.spatial_scale, sr, aligned,
+                                  pool == PoolMode::kMax, pool == PoolMode::kMax ? &am : nullptr);
+  Tensor grad_input = Tensor::empty({p.N, p.C, p.H, p.W}, dt, Device::cpu(), layout);
+  grad_input.fill_bytes(0xCD);  // fully overwritten, including untouched positions
+  RoiAlignBackwardOptions b;
+  b.mode = mode;
+  roi_align_backward(grad_output, rois, grad_input, p.opt, b, ctx, argmax);
+  EXPECT_LE(test::max_rel_error(to_vector(grad_input), ref_grad), backward_tolerance(dt, mode));
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const auto [dt, layout, mode, pool, aligned, sr] = info.param;
+  return std::string(dtype_name(dt)) + (layout == Layout::kNHWC ? "_nhwc_" : "_nchw_") + to_string(mode) + "_" +
+         to_string(pool) + (aligned ? "_aligned" : "_legacy") + (sr > 0 ? "_sr" + std::to_string(sr) : "_adaptive");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCombinations, RoiAlignCpu,
+    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16),
+                       ::testing::Values(Layout::kNCHW, Layout::kNHWC),
+                       ::testing::Values(BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact),
+                       ::testing::Values(PoolMode::kAvg, PoolMode::kMax), ::testing::Bool(),
+                       ::testing::Values<std::int64_t>(0, 2)),
+    param_name);
+
+// ---------------------------------------------------------------------------------------------
+// Bitwise reproducibility
+
+struct Workload {
+  Tensor input, rois, grad_output, argmax;
+  RoiAlignOptions opt;
+};
+
+Workload detection_workload(DType dt, Layout layout, PoolMode pool, std::int64_t sr) {
+  Workload w;
+  const std::int64_t N = 2, C = 16, H = 50, W = 68, K = 160;
+  w.opt.pooled_height = 7;
+  w.opt.pooled_width = 7;
+  w.opt.spatial_scale = 0.25;
+  w.opt.sampling_ratio = sr;
+  w.opt.aligned = true;
+  w.opt.pool_mode = pool;
+  w.input = make_tensor({N, C, H, W}, dt, test::random_values(static_cast<std::size_t>(N * C * H * W), 7), layout);
+  // clustered, heavily overlapping boxes: many contributions per position
+  w.rois = make_tensor({K, 5}, DType::kFloat32, test::random_rois(K, N, H * 4.0, W * 4.0, 8, 8.0, 120.0));
+  w.grad_output =
+      make_tensor({K, C, 7, 7}, dt, test::random_values(static_cast<std::size_t>(K * C * 49), 9, -1e-3, 1e-3), layout);
+  if (pool == PoolMode::kMax) {
+    w.argmax = Tensor::empty({K, C, 7, 7}, DType::kInt32, Device::cpu(), layout);
+    Tensor out = Tensor::empty({K, C, 7, 7}, dt, Device::cpu(), layout);
+    roi_align_forward(w.input, w.rois, out, w.opt, {}, w.argmax);
+  }
+  return w;
+}
+
+Tensor run_backward(const Workload& w, BackwardMode mode, int threads, Layout layout, DType dt) {
+  Tensor gi = Tensor::empty({w.input.size(0), w.input.size(1), w.input.size(2), w.input.size(3)}, dt, Device::cpu(), layout);
+  Context ctx;
+  ctx.num_threads = threads;
+  RoiAlignBackwardOptions b;
+  b.mode = mode;
+  roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, ctx, w.argmax);
+  return gi;
+}
+
+class RoiAlignReproducible : public ::testing::TestWithParam<std::tuple<DType, PoolMode, std::int64_t>> {};
+
+TEST_P(RoiAlignReproducible, TwentyRunsSameBytes) {
+  const auto [dt, pool, sr] = GetParam();
+  const Workload w = detection_workload(dt, Layout::kNCHW, pool, sr);
+  for (BackwardMode mode : {BackwardMode::kTruncated, BackwardMode::kExact}) {
+    const Tensor first = run_backward(w, mode, 2, Layout::kNCHW, dt);
+    for (int run = 1; run < 20; ++run)
+      ASSERT_TRUE(test::same_bytes(first, run_backward(w, mode, 2, Layout::kNCHW, dt)))
+          << to_string(mode) << " run " << run;
+  }
+}
+
+TEST_P(RoiAlignReproducible, ExactSameBytesForAnyThreadCountAndLayout) {
+  const auto [dt, pool, sr] = GetParam();
+  const Workload w = detection_workload(dt, Layout::kNCHW, pool, sr);
+  const Tensor one = run_backward(w, BackwardMode::kExact, 1, Layout::kNCHW, dt);
+  for (int threads : {2, 3, 8})
+    EXPECT_TRUE(test::same_bytes(one, run_backward(w, BackwardMode::kExact, threads, Layout::kNCHW, dt)))
+        << threads << " threads";
+  // NHWC output of the same problem holds the same values, bit for bit.
+  const Tensor nhwc = run_backward(w, BackwardMode::kExact, 2, Layout::kNHWC, dt);
+  EXPECT_TRUE(test::same_bytes(one, nhwc.contiguous(Layout::kNCHW)));
+  // ... and so does an NHWC grad_output (the gather reads it channel-contiguous).
+  Workload w2 = detection_workload(dt, Layout::kNHWC, pool, sr);
+  EXPECT_TRUE(test::same_bytes(one, run_backward(w2, BackwardMode::kExact, 2, Layout::kNCHW, dt)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, RoiAlignReproducible,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kFloat64),
+                                            ::testing::Values(PoolMode::kAvg, PoolMode::kMax),
+                                            ::testing::Values<std::int64_t>(0, 2)));
+
+TEST(RoiAlignCpuForward, SameBytesForAnyThreadCountAndLayout) {
+  const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kAvg, 0);
+  auto run = [&](int threads, Layout layout) {
+    Tensor out = Tensor::empty({160, 16, 7, 7}, DType::kFloat32, Device::cpu(), layout);
+    Context ctx;
+    ctx.num_threads = threads;
+    roi_align_forward(w.input, w.rois, out, w.opt, ctx);
+    return out.contiguous(Layout::kNCHW);
+  };
+  const Tensor a = run(1, Layout::kNCHW);
+  EXPECT_TRUE(test::same_bytes(a, run(4, Layout::kNCHW)));
+  EXPECT_TRUE(test::same_bytes(a, run(2, Layout::kNHWC)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Semantics pinned by hand (values from the anchors' measured table: a 4x4 map holding 1..16)
+
+TEST(RoiAlignCpuSemantics, ApronRuleAndCountedZeros) {
+  std::vector<double> v(16);
+  for (int i = 0; i < 16; ++i) v[i] = i + 1;
+  Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat64, v);
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 1;
+  o.sampling_ratio = 1;
+  o.aligned = false;
+  auto pool_at = [&](double cy) {  // a 1x1 box centred at (cy, 1.5)
+    Tensor rois = make_tensor({1, 5}, DType::kFloat64, {0, 1.0, cy - 0.5, 2.0, cy + 0.5});
+    Tensor out = Tensor::empty({1, 1, 1, 1}, DType::kFloat64);
+    roi_align_forward(input, rois, out, o);
+    return out.data<double>()[0];
+  };
+  EXPECT_EQ(pool_at(-1.5), 0.0);
+  EXPECT_EQ(pool_at(-1.0), 2.5);  // -1 is inside the apron (inclusive)
+  EXPECT_EQ(pool_at(-0.5), 2.5);
+  EXPECT_EQ(pool_at(4.0), 14.5);  // H is inclusive too
+  EXPECT_EQ(pool_at(4.0001), 0.0);
+}
+
+TEST(RoiAlignCpuSemantics, EmptyRoisAndZeroChannels) {
+  Tensor input = make_tensor({1, 3, 4, 4}, DType::kFloat32, test::random_values(48, 1));
+  Tensor rois = Tensor::empty({0, 5}, DType::kFloat32);
+  Tensor out = Tensor::empty({0, 3, 7, 7}, DType::kFloat32);
+  RoiAlignOptions o;
+  EXPECT_NO_THROW(roi_align_forward(input, rois, out, o));
+  for (BackwardMode m : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+    Tensor gi = Tensor::empty({1, 3, 4, 4}, DType::kFloat32);
+    gi.fill_bytes(0xCD);
+    RoiAlignBackwardOptions b;
+    b.mode = m;
+    roi_align_backward(out, rois, gi, o, b);
+    for (double x : to_vector(gi)) EXPECT_EQ(x, 0.0) << to_string(m);
+  }
+}
+
+TEST(RoiAlignCpuSemantics, CallerWorkspaceMatchesAllocatedOne) {
+  const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kAvg, 0);
+  RoiAlignBackwardOptions b;
+  Tensor gi = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+  const std::size_t bytes = roi_align_backward_workspace_size(w.grad_output, w.rois, gi, w.opt, b);
+  ASSERT_GT(bytes, 0u);
+  std::vector<unsigned char> buf(bytes);
+  roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{buf.data(), buf.size()});
+  EXPECT_TRUE(test::same_bytes(gi, run_backward(w, BackwardMode::kExact, 2, Layout::kNCHW, DType::kFloat32)));
+  Tensor gi2 = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+  gi2.fill_bytes(0xCD);
+  EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi2, w.opt, b, {}, {}, Workspace{buf.data(), bytes - 1}),
+               Error);
+  for (double x : to_vector(gi2)) ASSERT_TRUE(std::isnan(x) || x != 0.0);  // untouched poison
+}
+
+TEST(RoiAlignCpuSemantics, TruncatedBFloat16KeepsLargeGradients) {
+  // 1e6 overflows float16 (max 65504) but not bfloat16: loss-scaled gradients survive.
+  Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, std::vector<double>(16, 0.0));
+  Tensor rois = make_tensor({1, 5}, DType::kFloat32, {0, 0.5, 0.5, 2.5, 2.5});
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 1;
+  o.sampling_ratio = 1;
+  Tensor go = make_tensor({1, 1, 1, 1}, DType::kFloat32, {1e6});
+  Tensor gi = Tensor::empty({1, 1, 4, 4}, DType::kFloat32);
+  RoiAlignBackwardOptions b;
+  b.mode = BackwardMode::kTruncated;
+  b.truncation = TruncationFormat::kFloat16;
+  roi_align_backward(go, rois, gi, o, b);
+  EXPECT_TRUE(std::isinf(to_vector(gi)[5]));
+  b.truncation = TruncationFormat::kBFloat16;
+  roi_align_backward(go, rois, gi, o, b);
+  // 1e6 rounds to 999424 in bfloat16 (8 significand bits); the centre sample gives 1/4 of it to
+  // each of its four neighbours.
+  EXPECT_EQ(to_vector(gi)[5], 999424.0 / 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: the documented error, and outputs left byte for byte as they were.
+
+struct BadCase {
+  const char* name;
+  std::function<void(Tensor& input, Tensor& rois, Tensor& out, RoiAlignOptions& o, Tensor& argmax)> mutate;
+  const char* message;  // expected substring
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+class RoiAlignBadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(RoiAlignBadInput, ThrowsAndLeavesOutputsUntouched) {
+  const BadCase& bc = GetParam();
+  Tensor input = make_tensor({2, 3, 8, 8}, DType::kFloat32, test::random_values(2 * 3 * 64, 3));
+  Tensor rois = make_tensor({3, 5}, DType::kFloat32, {0, 1, 1, 5, 5, 1, 0, 0, 7, 7, 0, 2, 2, 3, 6});
+  Tensor out = Tensor::empty({3, 3, 2, 2}, DType::kFloat32);
+  Tensor argmax;
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  bc.mutate(input, rois, out, o, argmax);
+  out.fill_bytes(0xA5);
+  if (argmax.numel() > 0) argmax.fill_bytes(0xA5);
+  std::vector<unsigned char> snapshot(static_cast<const unsigned char*>(out.view().data),
+                                      static_cast<const unsigned char*>(out.view().data) + out.nbytes());
+  try {
+    roi_align_forward(input, rois, out, o, {}, argmax);
+    FAIL() << "no error for " << bc.name;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bc.message), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("roi_align_forward"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(0, std::memcmp(snapshot.data(), out.view().data, out.nbytes()));
+  // The backward rejects the same rois, leaving grad_input untouched.
+  if (std::string(bc.name).rfind("roi_", 0) == 0) {
+    Tensor gi = Tensor::empty({input.size(0), input.size(1), input.size(2), input.size(3)}, DType::kFloat32);
+    gi.fill_bytes(0x5A);
+    std::vector<unsigned char> gsnap(static_cast<const unsigned char*>(gi.view().data),
+                                     static_cast<const unsigned char*>(gi.view().data) + gi.nbytes());
+    Tensor go = make_tensor({3, 3, 2, 2}, DType::kFloat32, std::vector<double>(36, 1.0));
+    for (BackwardMode m : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+      RoiAlignBackwardOptions b;
+      b.mode = m;
+      EXPECT_THROW(roi_align_backward(go, rois, gi, o, b, {}, argmax), Error);
+      EXPECT_EQ(0, std::memcmp(gsnap.data(), gi.view().data, gi.nbytes()));
+    }
+  }
+}
+
+void set_roi(Tensor& rois, int row, int col, double v) { rois.data<float>()[row * 5 + col] = static_cast<float>(v); }
+
+const BadCase kBadCases[] = {
+    {"roi_batch_fractional", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 2, 0, 1.5); },
+     "rois[2] has batch index 1.5; expected an integer in [0, 2)"},
+    {"roi_batch_too_large", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 1, 0, 2); },
+     "rois[1] has batch index 2; expected an integer in [0, 2)"},
+    {"roi_batch_negative", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 0, 0, -1); },
+     "rois[0] has batch index -1"},
+    {"roi_batch_nan", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 0, 0, NAN); },
+     "rois[0] has batch index nan"},
+    {"roi_batch_huge", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 0, 0, 1e30); },
+     "rois[0] has batch index 1.00000001504"},
+    {"roi_coord_nan", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 1, 3, NAN); },
+     "rois[1] has coordinates"},
+    {"roi_coord_inf", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { set_roi(r, 2, 1, -INFINITY); },
+     "expected finite values"},
+    {"roi_adaptive_grid_too_large",
+     [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions& o, Tensor&) {
+       o.sampling_ratio = 0;
+       set_roi(r, 1, 3, 3e7);
+     },
+     "max_samples_per_roi"},
+    {"input_rank", [](Tensor& in, Tensor&, Tensor&, RoiAlignOptions&, Tensor&) { in = Tensor::empty({2, 3, 64}, DType::kFloat32); },
+     "input has rank 3 (sizes [2, 3, 64]); expected rank 4"},
+    {"rois_columns", [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { r = Tensor::empty({3, 4}, DType::kFloat32); },
+     "rois has sizes [3, 4]; expected [K, 5]"},
+    {"rois_dtype",
+     [](Tensor&, Tensor& r, Tensor&, RoiAlignOptions&, Tensor&) { r = Tensor::zeros({3, 5}, DType::kFloat16); },
+     "rois has dtype float16; expected float32"},
+    {"output_dtype",
+     [](Tensor&, Tensor&, Tensor& out, RoiAlignOptions&, Tensor&) { out = Tensor::empty({3, 3, 2, 2}, DType::kFloat64); },
+     "output has dtype float64; expected float32"},
+    {"output_sizes",
+     [](Tensor&, Tensor&, Tensor& out, RoiAlignOptions&, Tensor&) { out = Tensor::empty({3, 3, 2, 3}, DType::kFloat32); },
+     "output has sizes [3, 3, 2, 3]; expected [K, C, PH, PW] = [3, 3, 2, 2]"},
+    {"pooled_zero", [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor&) { o.pooled_width = 0; },
+     "expected pooled_height and pooled_width > 0"},
+    {"scale_nan", [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor&) { o.spatial_scale = NAN; },
+     "spatial_scale is nan; expected a finite value > 0"},
+    {"scale_negative", [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor&) { o.spatial_scale = -0.25; },
+     "spatial_scale is -0.25"},
+    {"sampling_ratio_huge", [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor&) { o.sampling_ratio = 100000; },
+     "sampling_ratio 100000"},
+    {"max_without_argmax", [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor&) { o.pool_mode = PoolMode::kMax; },
+     "pool_mode max needs argmax"},
+    {"argmax_dtype",
+     [](Tensor&, Tensor&, Tensor&, RoiAlignOptions& o, Tensor& am) {
+       o.pool_mode = PoolMode::kMax;
+       am = Tensor::empty({3, 3, 2, 2}, DType::kFloat32);
+     },
+     "argmax has dtype float32; expected int32"},
+};
+
+// Device, overlap, null-data and stride cases need hand-made views: tested directly below.
+INSTANTIATE_TEST_SUITE_P(Matrix, RoiAlignBadInput, ::testing::ValuesIn(kBadCases),
+                         [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(RoiAlignBadInputViews, DeviceMismatchAndOverlapAndNullData) {
+  Tensor input = make_tensor({1, 2, 4, 4}, DType::kFloat32, test::random_values(32, 5));
+  Tensor rois = make_tensor({1, 5}, DType::kFloat32, {0, 0, 0, 2, 2});
+  Tensor out = Tensor::empty({1, 2, 2, 2}, DType::kFloat32);
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  auto message = [&](const TensorView& in, const TensorView& r, const TensorView& ou) {
+    try {
+      roi_align_forward(in, r, ou, o);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TensorView r_cuda = rois.view();
+  r_cuda.device = Device::cuda(0);
+  EXPECT_EQ(message(input, r_cuda, out), "roi_align_forward: rois is on cuda:0; expected the device of input (cpu)");
+  TensorView overlapping = out.view();
+  overlapping.strides[1] = 0;  // both channels write the same element
+  EXPECT_NE(message(input, rois, overlapping).find("overlapping elements"), std::string::npos);
+  TensorView null_out = out.view();
+  null_out.data = nullptr;
+  EXPECT_NE(message(input, rois, null_out).find("null data pointer"), std::string::npos);
+  TensorView neg = input.view();
+  neg.strides[3] = -1;
+  EXPECT_NE(message(neg, rois, out).find("negative stride"), std::string::npos);
+  TensorView empty_map = input.view();
+  empty_map.sizes[2] = 0;
+  EXPECT_NE(message(empty_map, rois, out).find("expected H > 0 and W > 0"), std::string::npos);
+}
+
+TEST(RoiAlignBadInputViews, UncheckedInvalidRowsPoolToZero) {
+  Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, std::vector<double>(16, 3.0));
+  Tensor rois = make_tensor({2, 5}, DType::kFloat32, {0, 0, 0, 2, 2, 5, 0, 0, 2, 2});
+  Tensor out = Tensor::empty({2, 1, 1, 1}, DType::kFloat32);
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 1;
+  o.check_rois = false;
+  roi_align_forward(input, rois, out, o);
+  EXPECT_EQ(out.data<float>()[0], 3.0f);
+  EXPECT_EQ(out.data<float>()[1], 0.0f);
+}
+
+}  // namespace
+}  // namespace detops
