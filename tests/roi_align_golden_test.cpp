@@ -563,8 +563,8 @@ std::vector<std::size_t> case_indices() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Torchvision, RoiAlignGoldenCpu, ::testing::ValuesIn(case_indices()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return golden().cases.at(info.param).name;
+                         [](const ::testing::TestParamInfo<std::size_t>& p) {
+                           return golden().cases.at(p.param).name;
                          });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(RoiAlignGoldenCpu);
 

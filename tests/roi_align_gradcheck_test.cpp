@@ -312,8 +312,8 @@ TEST_P(RoiAlignGradcheckCpu, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Problems, RoiAlignGradcheckCpu, ::testing::Range<std::size_t>(0, problems().size()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return std::string(problems().at(info.param).name);
+                         [](const ::testing::TestParamInfo<std::size_t>& p) {
+                           return std::string(problems().at(p.param).name);
                          });
 
 }  // namespace

@@ -1,0 +1,71 @@
+// TensorView and Tensor: strides, layouts read from strides, descriptions used in messages,
+// layout conversion, and the CPU-only build's answer for CUDA tensors.
+#include <gtest/gtest.h>
+
+#include "detops/detops.h"
+#include "test_util.h"
+
+namespace detops {
+namespace {
+
+TEST(Tensor, ContiguousAndChannelsLastStrides) {
+  Tensor a = Tensor::empty({2, 3, 4, 5}, DType::kFloat32);
+  EXPECT_EQ(a.view().strides[0], 60);
+  EXPECT_EQ(a.view().strides[3], 1);
+  EXPECT_EQ(a.view().layout(), Layout::kNCHW);
+  EXPECT_TRUE(a.view().is_contiguous());
+  Tensor b = Tensor::empty({2, 3, 4, 5}, DType::kFloat16, Device::cpu(), Layout::kNHWC);
+  EXPECT_EQ(b.view().strides[1], 1);
+  EXPECT_EQ(b.view().strides[3], 3);
+  EXPECT_EQ(b.view().strides[2], 15);
+  EXPECT_EQ(b.view().strides[0], 60);
+  EXPECT_EQ(b.view().layout(), Layout::kNHWC);
+  EXPECT_FALSE(b.view().is_contiguous());
+  EXPECT_EQ(b.nbytes(), 240u);
+  EXPECT_EQ(b.view().span_bytes(), 240);
+}
+
+TEST(Tensor, LayoutConversionKeepsValues) {
+  const std::vector<double> v = test::random_values(2 * 3 * 4 * 5, 1);
+  Tensor a = test::make_tensor({2, 3, 4, 5}, DType::kFloat32, v);
+  Tensor b = a.contiguous(Layout::kNHWC);
+  EXPECT_EQ(b.view().layout(), Layout::kNHWC);
+  EXPECT_EQ(test::to_vector(a), test::to_vector(b));
+  EXPECT_TRUE(test::same_bytes(a, b.contiguous(Layout::kNCHW)));
+}
+
+TEST(Tensor, DescribeNamesShapeDtypeDeviceStrides) {
+  Tensor a = Tensor::empty({1, 2}, DType::kBFloat16);
+  EXPECT_EQ(a.view().describe(), "[1, 2] bfloat16 cpu (strides [2, 1])");
+  EXPECT_EQ(to_string(Device::cuda(3)), "cuda:3");
+}
+
+TEST(Tensor, EmptyTensorsAndAbsentViews) {
+  Tensor z = Tensor::empty({0, 5}, DType::kFloat32);
+  EXPECT_EQ(z.numel(), 0);
+  EXPECT_EQ(z.view().span_bytes(), 0);
+  TensorView absent;
+  EXPECT_FALSE(absent.defined());
+  EXPECT_THROW(Tensor::empty({-1}, DType::kFloat32), Error);
+}
+
+TEST(Tensor, CudaTensorsWithoutCudaAreAClearError) {
+  if (cuda_compiled()) GTEST_SKIP() << "CUDA backend compiled: covered by the CUDA tests";
+  try {
+    Tensor::empty({4}, DType::kFloat32, Device::cuda(0));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotCompiled);
+    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos);
+  }
+}
+
+TEST(Context, ResolvedThreads) {
+  Context c;
+  EXPECT_GE(c.resolved_threads(), 1);
+  c.num_threads = 3;
+  EXPECT_EQ(c.resolved_threads(), 3);
+}
+
+}  // namespace
+}  // namespace detops
