@@ -1,4 +1,6 @@
 // The CUDA side of the runtime seam (src/internal/runtime.h): allocation, copies, device count.
+#include <cstring>
+
 #include "cuda_check.cuh"
 #include "internal/runtime.h"
 
@@ -50,6 +52,10 @@ void cuda_free_async(void* p, Device d, void* stream) noexcept {
 
 void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
   if (!bytes) return;
+  if (dd.is_cpu() && sd.is_cpu()) {  // no CUDA runtime involved (works without a driver)
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   const int index = dd.is_cuda() ? dd.index : sd.index;
   DeviceGuard guard(index, "copy");
   DETOPS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy");

@@ -109,7 +109,8 @@ void check_pooled(const char* op, const char* name, const TensorView& v, std::in
 }
 
 void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOptions& o, const TensorView& pooled,
-                  const char* pooled_name, bool write) {
+                  const char* pooled_name, bool write, bool required = true) {
+  if (!required && !argmax.defined()) return;  // the workspace query does not read argmax
   if (o.pool_mode != PoolMode::kMax) {
     if (argmax.defined())
       fail(kBad, "{}: argmax was given with pool_mode avg; expected no argmax (it is only used by max pooling)", op);
@@ -228,8 +229,9 @@ internal::RoiAlignCall validate_forward(const TensorView& input, const TensorVie
 
 internal::RoiAlignCall validate_backward(const TensorView& grad_output, const TensorView& rois,
                                          const TensorView& grad_input, const RoiAlignOptions& o,
-                                         const RoiAlignBackwardOptions& b, const TensorView& argmax) {
-  const char* op = "roi_align_backward";
+                                         const RoiAlignBackwardOptions& b, const TensorView& argmax,
+                                         bool argmax_required = true) {
+  const char* op = argmax_required ? "roi_align_backward" : "roi_align_backward_workspace_size";
   check_options(op, o);
   if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kTruncated && b.mode != BackwardMode::kExact)
     fail(kBad, "{}: backward mode {} is unknown; expected atomic, truncated or exact", op, static_cast<int>(b.mode));
@@ -242,7 +244,7 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   check_rois_tensor(op, rois, grad_input, "grad_input");
   check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype, grad_input,
                "grad_input");
-  check_argmax(op, argmax, o, grad_output, "grad_output", false);
+  check_argmax(op, argmax, o, grad_output, "grad_output", false, argmax_required);
   if (rois.sizes[0] > 0 && grad_input.sizes[1] > 0 && (grad_input.sizes[2] == 0 || grad_input.sizes[3] == 0))
     fail(kBad, "{}: grad_input has sizes {}; expected H > 0 and W > 0 when there are rois", op, sizes_str(grad_input));
   internal::RoiAlignCall call{op, grad_input, rois, grad_output, argmax, make_shape(grad_input, rois.sizes[0], o),
@@ -274,7 +276,7 @@ void roi_align_forward(const TensorView& input, const TensorView& rois, const Te
 std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, const TensorView& rois,
                                               const TensorView& grad_input, const RoiAlignOptions& options,
                                               const RoiAlignBackwardOptions& backward, const Context& ctx) {
-  const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {});
+  const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {}, false);
   const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
   return workspace_bytes(call, check, backward.mode);
 }

@@ -273,6 +273,16 @@ TEST(RoiAlignCpuSemantics, CallerWorkspaceMatchesAllocatedOne) {
   for (double x : to_vector(gi2)) ASSERT_TRUE(std::isnan(x) || x != 0.0);  // untouched poison
 }
 
+TEST(RoiAlignCpuSemantics, WorkspaceQueryForMaxPoolingNeedsNoArgmax) {
+  const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kMax, 2);
+  RoiAlignBackwardOptions b;
+  Tensor gi = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+  const std::size_t bytes = roi_align_backward_workspace_size(w.grad_output, w.rois, gi, w.opt, b);
+  std::vector<unsigned char> buf(bytes);
+  roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, w.argmax, Workspace{buf.data(), buf.size()});
+  EXPECT_TRUE(test::same_bytes(gi, run_backward(w, BackwardMode::kExact, 2, Layout::kNCHW, DType::kFloat32)));
+}
+
 TEST(RoiAlignCpuSemantics, TruncatedBFloat16KeepsLargeGradients) {
   // 1e6 overflows float16 (max 65504) but not bfloat16: loss-scaled gradients survive.
   Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, std::vector<double>(16, 0.0));

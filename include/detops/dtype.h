@@ -89,22 +89,17 @@ DETOPS_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) {
   return static_cast<std::uint16_t>(sign | h);
 }
 
+// Branch-free binary16 -> binary32 (vectorizes in the CPU loops): a normal or special half is
+// the float with the exponent rebased (2^-112 scaling is exact); a subnormal half m * 2^-24 is
+// built as (2^-1 * (1 + m * 2^-23)) - 0.5, also exact.
 DETOPS_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return bits_float(sign);
-    // subnormal: value = mant * 2^-24, exact in float
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400u) == 0);
-    return bits_float(sign | ((112u - static_cast<std::uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13));
-  }
-  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;
+  const std::uint32_t sign = w & 0x80000000u;
+  const std::uint32_t two_w = w + w;  // drops the sign
+  const float normalized = bits_float((two_w >> 4) + (0xe0u << 23)) * bits_float(0x7800000u);  // * 2^-112
+  const float denormalized = bits_float((two_w >> 17) | (126u << 23)) - 0.5f;
+  const std::uint32_t magnitude = two_w < (1u << 27) ? float_bits(denormalized) : float_bits(normalized);
+  return bits_float(sign | magnitude);
 }
 
 // bfloat16 is the top half of a float32: round to nearest even, NaN kept quiet.
