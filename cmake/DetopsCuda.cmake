@@ -25,7 +25,7 @@ if(NOT _detops_cuda_mode STREQUAL "OFF")
   # nvcc is often installed but not on PATH: fall back to the toolkit's usual place. CUDACXX is
   # what check_language()'s test project and enable_language() read.
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND "$ENV{CUDACXX}" STREQUAL "")
-    find_program(_detops_nvcc_on_path nvcc NO_CACHE)
+    find_program(_detops_nvcc_on_path nvcc NO_CACHE NO_DEFAULT_PATH PATHS ENV PATH)
     if(NOT _detops_nvcc_on_path AND EXISTS /usr/local/cuda/bin/nvcc)
       set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
     endif()

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# GPU check, for a machine with an NVIDIA GPU, CUDA, CMake and ninja but no network or apt:
+# builds detops with the CUDA backend against the dependencies that scripts/stage-gpu-deps.sh put
+# in .deps/, runs every test (the gpu label included), runs the benchmarks into
+# benchmarks/results/gpu-<date>.json, and prints a summary last. Each phase is timed.
+#   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
+#   BENCH_FILTER                --benchmark_filter regex (default: /cuda/ plus the f32 box-head CPU runs)
+#   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.2)
+#   BENCH_REPETITIONS           repetitions, for the medians (default 3)
+#   BENCH_TIMEOUT               seconds the benchmark run may take (default 300)
+#   GPU_CHECK_CMAKE_ARGS        extra configure arguments (e.g. '-DCMAKE_IGNORE_PREFIX_PATH=/usr;/'
+#                               to prove that only .deps/ is used)
+#   OUT                         when set, the logs, the JSON and the summary are copied there
+# Exit status: nonzero when the build, a test or the benchmark run failed.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+
+arch=${DETOPS_CUDA_ARCHITECTURES:-90}
+jobs=$(nproc)
+build=build-gpu
+logs=$build/gpu-check
+prefix=$root/.deps/prefix
+date=$(date +%Y-%m-%d)
+bench_json=benchmarks/results/gpu-$date.json
+summary=$logs/summary.txt
+status=0
+phases=()
+
+if [[ ! -d .deps/prefix || ! -d .deps/src/googletest ]]; then
+  echo "gpu-check: .deps/ is missing; run scripts/stage-gpu-deps.sh where the packages are" >&2
+  exit 2
+fi
+mkdir -p "$logs" benchmarks/results
+
+# phase NAME LOG COMMAND...: runs COMMAND with its output on the terminal and in LOG, and records
+# the name, seconds and exit status.
+phase() {
+  local name=$1 log=$2
+  shift 2
+  echo "== $name =="
+  local start=$SECONDS rc
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  phases+=("$(printf '%-10s %4ds  %s' "$name" $((SECONDS - start)) "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED ($rc)")")")
+  [[ $rc -eq 0 ]] || status=1
+  return "$rc"
+}
+
+machine_info() {
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  else
+    echo "no nvidia-smi: no GPU driver here (gpu tests and CUDA benchmarks will skip)"
+  fi
+  nvcc --version 2>/dev/null | tail -n 1 || /usr/local/cuda/bin/nvcc --version | tail -n 1
+  cmake --version | head -n 1
+  c++ --version | head -n 1
+  echo "cores: $jobs"
+}
+
+build_googletest() {
+  if [[ -f $prefix/lib/cmake/GTest/GTestConfig.cmake || -f $prefix/lib64/cmake/GTest/GTestConfig.cmake ]]; then
+    echo "GoogleTest already installed in $prefix"
+    return 0
+  fi
+  # CMAKE_POLICY_VERSION_MINIMUM: googletest 1.12 asks for CMake 3.5, which CMake 4 refuses.
+  cmake -S .deps/src/googletest -B "$build/_deps/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$prefix" \
+        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 &&
+    cmake --build "$build/_deps/googletest" -j "$jobs" &&
+    cmake --install "$build/_deps/googletest"
+}
+
+configure() {
+  # shellcheck disable=SC2086  # GPU_CHECK_CMAKE_ARGS is a list of words
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" ${GPU_CHECK_CMAKE_ARGS:-}
+}
+
+run_benchmarks() {
+  local args=(--benchmark_out="$bench_json" --benchmark_out_format=json
+              --benchmark_min_time="${BENCH_MIN_TIME:-0.2}"
+              --benchmark_repetitions="${BENCH_REPETITIONS:-3}"
+              --benchmark_report_aggregates_only=true)
+  args+=(--benchmark_filter="${BENCH_FILTER:-/cuda/|/cpu/f32/(nchw|nhwc)/box/sr2/avg}")
+  timeout "${BENCH_TIMEOUT:-300}" "$build/benchmarks/detops_bench" "${args[@]}"
+}
+
+# Medians from the benchmark JSON: name, time, and throughput where reported.
+bench_table() {
+  [[ -s $bench_json ]] || { echo "(no benchmark results)"; return; }
+  python3 - "$bench_json" <<'PY' || echo "(python3 could not read $bench_json)"
+import json, sys
+benchmarks = json.load(open(sys.argv[1])).get("benchmarks", [])
+key = lambda b: b.get("run_name", b["name"])
+rows = [b for b in benchmarks if b.get("aggregate_name") == "median"]
+if not rows:  # one repetition: no aggregates
+    rows = [b for b in benchmarks if b.get("run_type", "iteration") == "iteration"]
+shown = {key(b) for b in rows}
+for b in benchmarks:  # runs that skipped or failed have no aggregates
+    if b.get("error_occurred") and key(b) not in shown:
+        rows.append(b)
+        shown.add(key(b))
+print(f"{'benchmark (median)':<64} {'time':>14} {'items/s':>9} {'GB/s':>7}")
+for b in rows:
+    name = key(b)[:64]
+    if b.get("error_occurred"):
+        print(f"{name:<64} skipped: {b.get('error_message', '')[:40]}")
+        continue
+    t = f"{b['real_time']:.3f} {b['time_unit']}"
+    items = f"{b['items_per_second'] / 1e9:.2f}G" if "items_per_second" in b else "-"
+    gbs = f"{b['bytes_per_second'] / 1e9:.1f}" if "bytes_per_second" in b else "-"
+    print(f"{name:<64} {t:>14} {items:>9} {gbs:>7}")
+PY
+}
+
+# Test counts from the CTest log: run, passed, failed, skipped.
+test_counts() {
+  local log=$logs/ctest.log
+  [[ -s $log ]] || { echo "tests: not run"; return; }
+  local line passed failed skipped total
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
+  [[ -n $line ]] || { echo "tests: CTest printed no summary (see $log)"; return; }
+  skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$log")
+  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+  total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
+  passed=$((total - failed - skipped))
+  echo "tests: $passed passed, $failed failed, $skipped skipped (of $total)"
+  grep -E '^[[:space:]]+[0-9]+ - .* \((Failed|Not Run|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$log" | head -n 20
+}
+
+echo "gpu-check: $(date -u +%FT%TZ), CUDA architectures $arch, $jobs jobs"
+phase machine "$logs/machine.log" machine_info
+if phase gtest "$logs/gtest.log" build_googletest &&
+   phase configure "$logs/configure.log" configure &&
+   phase build "$logs/build.log" cmake --build "$build" -j "$jobs"; then
+  phase tests "$logs/ctest.log" ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
+  if [[ -x $build/benchmarks/detops_bench ]]; then
+    phase bench "$logs/bench.log" run_benchmarks
+  else
+    echo "gpu-check: $build/benchmarks/detops_bench was not built" | tee "$logs/bench.log"
+    status=1
+  fi
+fi
+
+{
+  echo "== gpu-check summary ($(date -u +%FT%TZ)) =="
+  head -n 1 "$logs/machine.log"
+  printf '%s\n' "${phases[@]}"
+  test_counts
+  echo
+  bench_table
+  echo
+  echo "benchmark JSON: $bench_json; logs: $logs/"
+  echo "gpu-check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED)"
+} > "$summary"
+
+if [[ -n "${OUT:-}" ]]; then
+  mkdir -p "$OUT"
+  for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
+           "$bench_json"; do
+    [[ -f $f ]] && cp "$f" "$OUT/"
+  done
+fi
+cat "$summary"
+exit "$status"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The test command of the README (and of CI, through .ci/run):
+#   1. build/: Release, CUDA backend when nvcc is found (sm_90 unless DETOPS_CUDA_ARCHITECTURES
+#      says otherwise), every test: cpu, gpu (each skips without a device) and consumer;
+#   2. build-asan/: CPU-only, AddressSanitizer + UBSan at -O1, the cpu tests.
+# DETOPS_SKIP_SANITIZERS=1 skips stage 2 for a quick local run.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+./scripts/install-deps.sh
+
+jobs=$(nproc)
+arch=${DETOPS_CUDA_ARCHITECTURES:-90}
+SECONDS=0
+
+echo "== stage 1: build/ (CUDA ${arch} when available) =="
+cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="$arch"
+cmake --build --preset release -j "$jobs"
+ctest --preset release    # = ctest --test-dir build --output-on-failure -j2
+echo "== stage 1 done after ${SECONDS}s =="
+
+if [[ "${DETOPS_SKIP_SANITIZERS:-0}" == "1" ]]; then
+  echo "== stage 2 (sanitizers) skipped: DETOPS_SKIP_SANITIZERS=1 =="
+  exit 0
+fi
+
+echo "== stage 2: build-asan/ (CPU-only, address;undefined) =="
+cmake --preset asan
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan       # the cpu label, with ASAN_OPTIONS/UBSAN_OPTIONS halt_on_error=1
+echo "== stage 2 done after ${SECONDS}s in all =="
