@@ -198,10 +198,16 @@ TEST_P(RoiAlignReproducible, ExactSameBytesForAnyThreadCountAndLayout) {
   EXPECT_TRUE(test::same_bytes(one, run_backward(w2, BackwardMode::kExact, 2, Layout::kNCHW, dt)));
 }
 
+std::string reproducible_name(const ::testing::TestParamInfo<std::tuple<DType, PoolMode, std::int64_t>>& info) {
+  const auto [dt, pool, sr] = info.param;
+  return std::string(dtype_name(dt)) + "_" + to_string(pool) + (sr > 0 ? "_sr2" : "_adaptive");
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, RoiAlignReproducible,
                          ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kFloat64),
                                             ::testing::Values(PoolMode::kAvg, PoolMode::kMax),
-                                            ::testing::Values<std::int64_t>(0, 2)));
+                                            ::testing::Values<std::int64_t>(0, 2)),
+                         reproducible_name);
 
 TEST(RoiAlignCpuForward, SameBytesForAnyThreadCountAndLayout) {
   const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kAvg, 0);
