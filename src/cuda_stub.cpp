@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "internal/common.h"
+#include "internal/frozen_batch_norm_backend.h"
 #include "internal/roi_align_backend.h"
 #include "internal/runtime.h"
 
@@ -35,6 +36,8 @@ void roi_align_backward_cuda(const RoiAlignCall&, const RoiCheck&, const RoiAlig
                              Workspace) {
   not_compiled("roi_align_backward");
 }
+
+void frozen_bn_cuda(const FrozenBnCall& call, const Context&) { not_compiled(call.op); }
 
 }  // namespace internal
 }  // namespace detops

@@ -8,6 +8,7 @@
 
 #include "internal/common.h"
 #include "internal/roi_align_backend.h"
+#include "internal/validate.h"
 
 namespace detops {
 
@@ -26,47 +27,11 @@ namespace {
 using internal::fail;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 
-bool is_floating(DType t) { return t != DType::kInt32; }
-
-std::string sizes_str(const TensorView& v) {
-  std::vector<std::int64_t> s(v.sizes, v.sizes + v.rank);
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
-
-void check_tensor(const char* op, const char* name, const TensorView& v, int rank) {
-  if (v.rank != rank)
-    fail(kBad, "{}: {} has rank {} (sizes {}); expected rank {}", op, name, v.rank, sizes_str(v), rank);
-  for (int d = 0; d < rank; ++d) {
-    if (v.sizes[d] < 0) fail(kBad, "{}: {} has negative size {} in dim {}; expected sizes >= 0", op, name, v.sizes[d], d);
-    if (v.strides[d] < 0)
-      fail(kBad, "{}: {} has negative stride {} in dim {}; expected strides >= 0", op, name, v.strides[d], d);
-  }
-  if (v.numel() > 0 && v.data == nullptr) fail(kBad, "{}: {} has {} elements but a null data pointer", op, name, v.numel());
-  if (v.device.is_cuda() && v.device.index < 0)
-    fail(kBad, "{}: {} is on cuda:{}; expected a device index >= 0", op, name, v.device.index);
-}
-
-/// Outputs must not have two indices that alias one element (they are written in parallel).
-void check_non_overlapping(const char* op, const char* name, const TensorView& v) {
-  if (v.numel() <= 1) return;
-  std::vector<int> dims;
-  for (int d = 0; d < v.rank; ++d)
-    if (v.sizes[d] > 1) dims.push_back(d);
-  std::sort(dims.begin(), dims.end(), [&](int a, int b) { return v.strides[a] < v.strides[b]; });
-  std::int64_t need = 1;
-  for (int d : dims) {
-    if (v.strides[d] < need)
-      fail(kBad, "{}: {} {} has overlapping elements (strides [{}]); expected a non-overlapping output", op, name,
-           sizes_str(v), fmt::join(std::vector<std::int64_t>(v.strides, v.strides + v.rank), ", "));
-    need = v.strides[d] * v.sizes[d];
-  }
-}
-
-void check_same_device(const char* op, const char* name, const TensorView& v, const char* ref_name, const TensorView& ref) {
-  if (v.device != ref.device)
-    fail(kBad, "{}: {} is on {}; expected the device of {} ({})", op, name, to_string(v.device), ref_name,
-         to_string(ref.device));
-}
+using internal::check_non_overlapping;
+using internal::check_same_device;
+using internal::check_tensor;
+using internal::is_floating;
+using internal::sizes_str;
 
 void check_options(const char* op, const RoiAlignOptions& o) {
   if (o.pooled_height <= 0 || o.pooled_width <= 0)

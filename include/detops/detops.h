@@ -4,6 +4,7 @@
 #include "detops/context.h"
 #include "detops/dtype.h"
 #include "detops/error.h"
+#include "detops/frozen_batch_norm.h"
 #include "detops/roi_align.h"
 #include "detops/tensor.h"
 #include "detops/version.h"
