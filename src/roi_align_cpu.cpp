@@ -93,21 +93,23 @@ void forward_typed(const RoiAlignCall& call, const Context& ctx) {
     std::vector<std::int32_t> best_index(acc.size());
     for (std::int64_t k = kb; k < ke; ++k) {
       build_roi_table(rois, k, s, in.s2, in.s3, t);
-      for (std::int64_t ph = 0; ph < s.PH; ++ph)
-        for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-          const std::int64_t bin = ph * s.PW + pw;
-          T* o = output + k * out.s0 + ph * out.s2 + pw * out.s3;
-          std::int32_t* a = call.max_pool ? argmax + k * am.s0 + ph * am.s2 + pw * am.s3 : nullptr;
-          if (t.box.batch < 0) {
-            for (std::int64_t c = 0; c < s.C; ++c) {
-              o[c * out.s1] = from_acc<T>(A(0));
-              if (a) a[c * am.s1] = -1;
+      T* out_k = output + k * out.s0;
+      std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 : nullptr;
+      if (t.box.batch < 0) {  // invalid row (only reachable with check_rois = false)
+        for (std::int64_t c = 0; c < s.C; ++c)
+          for (std::int64_t ph = 0; ph < s.PH; ++ph)
+            for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+              out_k[c * out.s1 + ph * out.s2 + pw * out.s3] = from_acc<T>(A(0));
+              if (am_k) am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = -1;
             }
-            continue;
-          }
-          const Sample<A>* q = t.samples.data() + bin * t.per_bin;
-          const T* base = input + t.box.batch * in.s0;
-          if (vector_channels) {
+        continue;
+      }
+      const T* base = input + t.box.batch * in.s0;
+      if (vector_channels) {
+        // NHWC: bins outermost, channels innermost and contiguous (vectorizes).
+        for (std::int64_t ph = 0; ph < s.PH; ++ph)
+          for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+            const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
             std::fill(acc.begin(), acc.end(), A(0));
             std::fill(best_index.begin(), best_index.end(), -1);
             for (std::int64_t i = 0; i < t.per_bin; ++i) {
@@ -129,14 +131,45 @@ void forward_typed(const RoiAlignCall& call, const Context& ctx) {
                 }
               }
             }
-            for (std::int64_t c = 0; c < s.C; ++c) {
-              o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
-              if (a) a[c] = best_index[c];
-            }
-            continue;
+            T* o = out_k + ph * out.s2 + pw * out.s3;
+            for (std::int64_t c = 0; c < s.C; ++c) o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
+            if (am_k)
+              for (std::int64_t c = 0; c < s.C; ++c) am_k[c + ph * am.s2 + pw * am.s3] = best_index[c];
           }
-          for (std::int64_t c = 0; c < s.C; ++c) {
-            const T* plane = base + c * in.s1;
+        continue;
+      }
+      // NCHW (or any other strides): planes outermost, so each plane's rows are read in order and
+      // few pages are live; avg pooling takes kGroup planes at a time so every table entry is
+      // loaded once per group (each channel's additions keep their order: same bits).
+      std::int64_t c_begin = 0;
+      if (!call.max_pool) {
+        constexpr std::int64_t kGroup = 16;
+        for (; c_begin + kGroup <= s.C; c_begin += kGroup) {
+          const T* plane = base + c_begin * in.s1;
+          for (std::int64_t ph = 0; ph < s.PH; ++ph)
+            for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+              const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
+              A sum[kGroup] = {};
+              for (std::int64_t i = 0; i < t.per_bin; ++i) {
+                const Sample<A>& p = q[i];
+                if (!p.valid) continue;
+                for (std::int64_t g = 0; g < kGroup; ++g) {
+                  const T* pl = plane + g * in.s1;
+                  sum[g] += p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
+                            p.w4 * to_acc(pl[p.o4]);
+                }
+              }
+              T* o = out_k + c_begin * out.s1 + ph * out.s2 + pw * out.s3;
+              for (std::int64_t g = 0; g < kGroup; ++g) o[g * out.s1] = from_acc<T>(sum[g] / t.box.count);
+            }
+        }
+      }
+      for (std::int64_t c = c_begin; c < s.C; ++c) {
+        const T* plane = base + c * in.s1;
+        for (std::int64_t ph = 0; ph < s.PH; ++ph)
+          for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+            const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
+            T* o = out_k + c * out.s1 + ph * out.s2 + pw * out.s3;
             if (!call.max_pool) {
               A sum = A(0);
               for (std::int64_t i = 0; i < t.per_bin; ++i) {
@@ -145,7 +178,7 @@ void forward_typed(const RoiAlignCall& call, const Context& ctx) {
                 sum += p.w1 * to_acc(plane[p.o1]) + p.w2 * to_acc(plane[p.o2]) + p.w3 * to_acc(plane[p.o3]) +
                        p.w4 * to_acc(plane[p.o4]);
               }
-              o[c * out.s1] = from_acc<T>(sum / t.box.count);
+              *o = from_acc<T>(sum / t.box.count);
             } else {
               A best = A(0);
               std::int32_t bi = -1;
@@ -159,11 +192,11 @@ void forward_typed(const RoiAlignCall& call, const Context& ctx) {
                   bi = p.index;
                 }
               }
-              o[c * out.s1] = from_acc<T>(best);
-              a[c * am.s1] = bi;
+              *o = from_acc<T>(best);
+              am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = bi;
             }
           }
-        }
+      }
     }
   });
 }

@@ -26,7 +26,7 @@ struct Case {
 
 Case make_case(DType dt, Layout layout, PoolMode pool, std::int64_t sr, bool aligned) {
   Case c;
-  const std::int64_t N = 2, C = 6, H = 21, W = 26, K = 40;
+  const std::int64_t N = 2, C = 11, H = 21, W = 26, K = 40;  // C = 11: a channel group of 8 plus a remainder
   c.opt.pooled_height = 5;
   c.opt.pooled_width = 4;
   c.opt.spatial_scale = 0.25;
