@@ -4,6 +4,9 @@
 #   - -ffp-contract=off: no a*b+c fused into an FMA behind our back. The math in
 #     include/detops/detail/ is compiled into the library and into tests that compare bits with
 #     it, and both must round the same way (CUDA code gets --fmad=false, see CMakeLists.txt).
+#   - -fno-trapping-math: we never unmask floating-point traps, so the compiler may evaluate both
+#     sides of a select (e.g. the ReLU mask of the FrozenBatchNorm2d backward) and vectorize it.
+#     It changes no value: rounding and operation order stay as written.
 #   - DETOPS_SANITIZE (e.g. "address;undefined"): -fsanitize on compile and link. A library
 #     passes the link flag on to what links it, so a sanitized static detops links anywhere.
 
@@ -11,7 +14,7 @@ function(detops_target_options target)
   target_compile_features(${target} PRIVATE cxx_std_17)
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang>:-Wall -Wextra -ffp-contract=off>)
+    $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang,AppleClang>:-Wall -Wextra -ffp-contract=off -fno-trapping-math>)
 
   if(DETOPS_SANITIZE)
     list(JOIN DETOPS_SANITIZE "," _sanitizers)

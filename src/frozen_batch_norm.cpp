@@ -117,6 +117,9 @@ void frozen_batch_norm_fold(const BatchNormState& st, const TensorView& scale, c
     if (!internal::is_floating(v->dtype)) fail(kBad, "{}: {} has dtype {}; expected a floating dtype", op, name, dtype_name(v->dtype));
     if (v->sizes[0] != st.weight.sizes[0])
       fail(kBad, "{}: {} has {} channels; expected {} (the channels of weight)", op, name, v->sizes[0], st.weight.sizes[0]);
+    if (v->dtype != st.weight.dtype)
+      fail(kBad, "{}: {} has dtype {}; expected {} (the dtype of weight)", op, name, dtype_name(v->dtype),
+           dtype_name(st.weight.dtype));
     check_same_device(op, name, *v, "weight", st.weight);
   }
   if (!(std::isfinite(st.eps) && st.eps >= 0)) fail(kBad, "{}: eps is {}; expected a finite value >= 0", op, st.eps);
@@ -129,6 +132,7 @@ void frozen_batch_norm_fold(const BatchNormState& st, const TensorView& scale, c
     if (v->dtype != scale.dtype) fail(kBad, "{}: shift has dtype {}; expected {} (the dtype of scale)", op, dtype_name(v->dtype), dtype_name(scale.dtype));
     if (v->sizes[0] > 1 && v->strides[0] != 1) fail(kBad, "{}: {} has stride {}; expected a contiguous [C] tensor", op, name, v->strides[0]);
   }
+  check_same_device(op, "scale", scale, "weight", st.weight);
   check_same_device(op, "shift", shift, "scale", scale);
   internal::check_no_partial_overlap(op, "shift", shift, "scale", scale, false);
   const std::vector<double> w = host_values(st.weight), b = host_values(st.bias), m = host_values(st.running_mean),

@@ -14,7 +14,9 @@
 // Shapes: x, y, residual, grad_* are [N, C, H, W] of one dtype (float32, float64, float16,
 // bfloat16), NCHW or NHWC (read from strides; any strides are accepted, the two dense layouts
 // take the vectorized paths); scale and shift are [C] float32 (float64 when x is float64).
-// y may be x itself (in place); any other overlap between an output and an input is an error.
+// In place is allowed where it is safe elementwise: y may be x or the residual; grad_x may be
+// grad_y or y; grad_residual may be grad_y or y. Any other overlap (a partial one, or grad_x with
+// grad_residual) is an error.
 // Compute is in float32 (float64 for float64 tensors), stored in the tensor's dtype. N = 0 or
 // H*W = 0 succeed and do nothing. Errors are detops::Error, raised before anything is written.
 #pragma once
@@ -34,20 +36,23 @@ struct BatchNormState {
   double eps = 1e-5;
 };
 
-/// Folds `state` into `scale` and `shift` ([C], float32 or float64, any device). Errors: sizes
-/// that differ, a negative or NaN running_var, running_var + eps == 0 (a division by zero),
-/// dtypes or devices that do not match. Runs on the device of its arguments, on ctx's stream.
+/// Folds `state` into `scale` and `shift` ([C], float32 or float64, any device). The four buffers
+/// share one floating dtype and device. Errors: sizes that differ, a negative or NaN running_var,
+/// running_var + eps == 0 (a division by zero), eps negative or not finite, dtypes or devices
+/// that do not match. A one-time conversion: buffers on a GPU are copied to the host and back
+/// synchronously (not ordered on a stream; ctx is reserved).
 void frozen_batch_norm_fold(const BatchNormState& state, const TensorView& scale, const TensorView& shift,
                             const Context& ctx = {});
 
-/// y = epilogue(x * scale + shift [+ residual]).
+/// y = epilogue(x * scale + shift [+ residual]). A residual is required with kAddRelu and an
+/// error with the other epilogues.
 void frozen_batch_norm_forward(const TensorView& x, const TensorView& scale, const TensorView& shift,
                                const TensorView& y, FrozenBnEpilogue epilogue = FrozenBnEpilogue::kNone,
                                const TensorView& residual = {}, const Context& ctx = {});
 
 /// grad_x = grad_y * scale, masked by y > 0 for the ReLU epilogues (y is the forward's output,
-/// needed only for them); grad_residual = masked grad_y for kAddRelu (optional: pass an absent
-/// view to skip it). grad_x may be grad_y itself.
+/// needed only for them, an error to omit); grad_residual = masked grad_y for kAddRelu (optional:
+/// pass an absent view to skip it; an error with the other epilogues).
 void frozen_batch_norm_backward(const TensorView& grad_y, const TensorView& scale, const TensorView& grad_x,
                                 FrozenBnEpilogue epilogue = FrozenBnEpilogue::kNone, const TensorView& y = {},
                                 const TensorView& grad_residual = {}, const Context& ctx = {});
@@ -63,7 +68,7 @@ class FrozenBatchNorm2d {
   static FrozenBatchNorm2d from_state(const BatchNormState& state, Device device = Device::cpu(),
                                       const Context& ctx = {});
   /// The identity on C channels (weight 1, bias 0, running_mean 0, running_var 1 - eps), as
-  /// detectron2 initializes it.
+  /// detectron2 initializes it; param_dtype is float32 or float64.
   static FrozenBatchNorm2d identity(std::int64_t channels, double eps = 1e-5, Device device = Device::cpu(),
                                     DType param_dtype = DType::kFloat32);
 

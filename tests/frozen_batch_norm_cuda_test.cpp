@@ -1,0 +1,355 @@
+// FrozenBatchNorm2d on CUDA against the CPU backend (label gpu). Plain C++ over the public API,
+// built in every configuration; every test skips with a message when no CUDA device is present.
+//   - forward and backward: CUDA == CPU byte for byte (the shared element math with FMA contraction
+//     off on both sides), every dtype x layout x epilogue, on sizes whose H*W or C is and is not a
+//     multiple of the 16-byte vector width, on views that start one element into their buffer
+//     (not 16-byte aligned: the scalar fallback) and on strided views; the gaps of strided views
+//     stay untouched on both;
+//   - in place (y == x, grad_x == grad_y) on the device gives the same bytes;
+//   - the fold and FrozenBatchNorm2d on device buffers: the same bits as on the CPU;
+//   - bad input: mixed devices and bad device-resident running_var are errors, outputs untouched.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "detops/frozen_batch_norm.h"
+#include "test_util.h"
+
+namespace detops {
+
+// Readable parameters in test names and failure messages.
+[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+[[maybe_unused]] static void PrintTo(FrozenBnEpilogue e, std::ostream* os) {
+  *os << (e == FrozenBnEpilogue::kNone ? "none" : e == FrozenBnEpilogue::kRelu ? "relu" : "add_relu");
+}
+
+namespace {
+
+using Epi = FrozenBnEpilogue;
+
+#define DETOPS_REQUIRE_GPU()                                                                   \
+  do {                                                                                         \
+    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
+  } while (0)
+
+const char* epi_name(Epi e) {
+  switch (e) {
+    case Epi::kNone: return "none";
+    case Epi::kRelu: return "relu";
+    case Epi::kAddRelu: return "add_relu";
+  }
+  return "?";
+}
+bool has_relu(Epi e) { return e != Epi::kNone; }
+
+/// Layouts: dense NCHW / NHWC; the same starting one element into their buffer (misaligned for
+/// 16-byte vectors); a W-slice of a wider NCHW buffer; every other channel of an NHWC buffer.
+enum class Lay { kNchw, kNhwc, kNchwOffset1, kNhwcOffset1, kSlice, kChannelSlice };
+constexpr Lay kLays[] = {Lay::kNchw, Lay::kNhwc, Lay::kNchwOffset1, Lay::kNhwcOffset1, Lay::kSlice, Lay::kChannelSlice};
+const char* lay_name(Lay l) {
+  switch (l) {
+    case Lay::kNchw: return "nchw";
+    case Lay::kNhwc: return "nhwc";
+    case Lay::kNchwOffset1: return "nchw_offset1";
+    case Lay::kNhwcOffset1: return "nhwc_offset1";
+    case Lay::kSlice: return "slice";
+    case Lay::kChannelSlice: return "channel_slice";
+  }
+  return "?";
+}
+void PrintTo(Lay l, std::ostream* os) { *os << lay_name(l); }
+
+/// A 4-d view into a 1-d storage tensor poisoned with 0xCD, on the CPU or the device.
+struct Buf {
+  Tensor storage;
+  TensorView view;
+
+  static Buf make(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, DType dt, Lay lay, Device dev) {
+    Buf b;
+    std::int64_t st[4] = {C * H * W, H * W, W, 1};
+    std::int64_t elems = N * C * H * W, offset = 0;
+    switch (lay) {
+      case Lay::kNchw: break;
+      case Lay::kNhwc: st[0] = H * W * C, st[1] = 1, st[2] = W * C, st[3] = C; break;
+      case Lay::kNchwOffset1: offset = 1; break;
+      case Lay::kNhwcOffset1: st[0] = H * W * C, st[1] = 1, st[2] = W * C, st[3] = C, offset = 1; break;
+      case Lay::kSlice:
+        st[0] = C * H * (W + 3), st[1] = H * (W + 3), st[2] = W + 3, st[3] = 1;
+        elems = N * C * H * (W + 3), offset = 1;
+        break;
+      case Lay::kChannelSlice:
+        st[0] = H * W * 2 * C, st[1] = 2, st[2] = W * 2 * C, st[3] = 2 * C;
+        elems = N * 2 * C * H * W;
+        break;
+    }
+    b.storage = Tensor::empty({elems + offset + 1}, dt, dev);
+    b.storage.fill_bytes(0xCD);
+    char* base = static_cast<char*>(b.storage.view().data) + offset * static_cast<std::int64_t>(dtype_size(dt));
+    b.view = TensorView(base, dt, dev, {N, C, H, W}, {st[0], st[1], st[2], st[3]});
+    return b;
+  }
+
+  /// The same bytes and view on another device.
+  Buf to(Device dev) const {
+    Buf b;
+    b.storage = storage.to(dev);
+    b.view = view;
+    b.view.device = dev;
+    b.view.data = static_cast<char*>(b.storage.view().data) +
+                  (static_cast<const char*>(view.data) - static_cast<const char*>(storage.view().data));
+    return b;
+  }
+};
+
+/// Writes NCHW-ordered values into a CPU view (any strides), rounding to its dtype.
+void fill_view(const TensorView& v, const std::vector<double>& values) {
+  const std::int64_t N = v.sizes[0], C = v.sizes[1], H = v.sizes[2], W = v.sizes[3];
+  std::size_t k = 0;
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = 0; c < C; ++c)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t w = 0; w < W; ++w, ++k) {
+          const std::int64_t o = n * v.strides[0] + c * v.strides[1] + h * v.strides[2] + w * v.strides[3];
+          const double x = values[k];
+          switch (v.dtype) {
+            case DType::kFloat32: static_cast<float*>(v.data)[o] = static_cast<float>(x); break;
+            case DType::kFloat64: static_cast<double*>(v.data)[o] = x; break;
+            case DType::kFloat16: static_cast<Half*>(v.data)[o] = from_double<Half>(x); break;
+            case DType::kBFloat16: static_cast<BFloat16*>(v.data)[o] = from_double<BFloat16>(x); break;
+            default: break;
+          }
+        }
+}
+
+/// Whole storages (elements and gaps) equal byte for byte; says how many elements differ if not.
+::testing::AssertionResult same_storage(const Buf& cpu, const Buf& gpu) {
+  const Tensor back = gpu.storage.to(Device::cpu());
+  if (back.nbytes() != cpu.storage.nbytes()) return ::testing::AssertionFailure() << "storage sizes differ";
+  if (std::memcmp(back.view().data, cpu.storage.view().data, back.nbytes()) == 0) return ::testing::AssertionSuccess();
+  TensorView gv = cpu.view;
+  gv.data = static_cast<char*>(back.view().data) +
+            (static_cast<const char*>(cpu.view.data) - static_cast<const char*>(cpu.storage.view().data));
+  const std::vector<double> a = test::to_vector(cpu.view), b = test::to_vector(gv);
+  std::int64_t differ = 0, first = -1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(double)) != 0) {
+      if (first < 0) first = static_cast<std::int64_t>(i);
+      ++differ;
+    }
+  auto f = ::testing::AssertionFailure() << differ << " of " << a.size() << " elements differ";
+  if (first >= 0) f << "; first at " << first << ": cpu " << a[first] << ", cuda " << b[first];
+  else f << " (only bytes outside the view: the gaps were written)";
+  return f;
+}
+
+struct Shape {
+  std::int64_t N, C, H, W;
+};
+// H*W and C multiples of 8 (the float16 vector width) or not, C = 1, H*W = 1, and one
+// backbone-sized tensor.
+constexpr Shape kShapes[] = {{2, 19, 5, 7}, {2, 16, 4, 8}, {1, 64, 7, 7}, {3, 3, 1, 1}, {1, 1, 6, 11},
+                             {2, 24, 3, 5}, {2, 256, 25, 34}};
+
+Tensor param(const std::vector<double>& v, DType dt, Device dev = Device::cpu()) {
+  Tensor t = test::make_tensor({static_cast<std::int64_t>(v.size())}, dt, v);
+  return dev.is_cpu() ? std::move(t) : t.to(dev);
+}
+
+using Param = std::tuple<DType, Lay, Epi>;
+class FrozenBnCuda : public ::testing::TestWithParam<Param> {};
+
+TEST_P(FrozenBnCuda, ForwardAndBackwardEqualCpuBitwise) {
+  DETOPS_REQUIRE_GPU();
+  const auto [dt, lay, epi] = GetParam();
+  const DType pdt = dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  std::uint64_t seed = 500;
+  for (const Shape& s : kShapes) {
+    seed += 10;
+    SCOPED_TRACE(::testing::Message() << "shape [" << s.N << ", " << s.C << ", " << s.H << ", " << s.W << "]");
+    const std::size_t n = static_cast<std::size_t>(s.N * s.C * s.H * s.W);
+    const std::vector<double> sc = test::random_values(static_cast<std::size_t>(s.C), seed, -2, 2);
+    const std::vector<double> sh = test::random_values(static_cast<std::size_t>(s.C), seed + 1, -1, 1);
+    const Tensor scale = param(sc, pdt), shift = param(sh, pdt);
+    const Tensor scale_g = scale.to(gpu), shift_g = shift.to(gpu);
+
+    Buf x = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), r = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu);
+    Buf gy = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu);
+    fill_view(x.view, test::random_values(n, seed + 2, -3, 3));
+    fill_view(r.view, test::random_values(n, seed + 3, -2, 2));
+    fill_view(gy.view, test::random_values(n, seed + 4, -1, 1));
+    const Buf xg = x.to(gpu), rg = r.to(gpu), gyg = gy.to(gpu);
+    const bool add = epi == Epi::kAddRelu;
+
+    // Forward
+    Buf y = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), yg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    frozen_batch_norm_forward(x.view, scale, shift, y.view, epi, add ? r.view : TensorView{});
+    frozen_batch_norm_forward(xg.view, scale_g, shift_g, yg.view, epi, add ? rg.view : TensorView{});
+    EXPECT_TRUE(same_storage(y, yg)) << "forward";
+
+    // Forward in place on the device
+    Buf xi = x.to(gpu);
+    frozen_batch_norm_forward(xi.view, scale_g, shift_g, xi.view, epi, add ? rg.view : TensorView{});
+    EXPECT_TRUE(same_storage(y, xi)) << "in-place forward (gaps compared too: x's gaps are y's poison)";
+
+    // Backward, from the CPU forward's y on both sides
+    const Buf yg_in = y.to(gpu);
+    Buf gx = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), gxg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    Buf gr = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), grg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    frozen_batch_norm_backward(gy.view, scale, gx.view, epi, has_relu(epi) ? y.view : TensorView{},
+                               add ? gr.view : TensorView{});
+    frozen_batch_norm_backward(gyg.view, scale_g, gxg.view, epi, has_relu(epi) ? yg_in.view : TensorView{},
+                               add ? grg.view : TensorView{});
+    EXPECT_TRUE(same_storage(gx, gxg)) << "backward grad_x";
+    EXPECT_TRUE(same_storage(gr, grg)) << "backward grad_residual (all poison unless add_relu)";
+
+    // Backward in place on the device, with and without grad_residual
+    Buf gi = gy.to(gpu);
+    Buf gri = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    frozen_batch_norm_backward(gi.view, scale_g, gi.view, epi, has_relu(epi) ? yg_in.view : TensorView{},
+                               add ? gri.view : TensorView{});
+    EXPECT_TRUE(same_storage(gx, gi)) << "in-place backward";
+    EXPECT_TRUE(same_storage(gr, gri)) << "in-place backward grad_residual";
+    if (add) {
+      Buf gx2 = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+      frozen_batch_norm_backward(gyg.view, scale_g, gx2.view, epi, yg_in.view, TensorView{});
+      EXPECT_TRUE(same_storage(gx, gx2)) << "backward without grad_residual";
+    }
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<Param>& i) {
+  const auto [dt, lay, epi] = i.param;
+  return std::string(dtype_name(dt)) + "_" + lay_name(lay) + "_" + epi_name(epi);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FrozenBnCuda,
+                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                                              DType::kBFloat16),
+                                            ::testing::ValuesIn(kLays),
+                                            ::testing::Values(Epi::kNone, Epi::kRelu, Epi::kAddRelu)),
+                         case_name);
+
+TEST(FrozenBnCudaSemantics, RepeatedRunsAndLargeTensorAgree) {
+  DETOPS_REQUIRE_GPU();
+  // A backbone activation ([2, 256, 200, 272] float16 NHWC, 56 MB), forward add+relu, 5 runs.
+  const Device gpu = Device::cuda(0);
+  const std::int64_t N = 2, C = 256, H = 200, W = 272;
+  const Tensor scale = param(test::random_values(C, 1, -2, 2), DType::kFloat32);
+  const Tensor shift = param(test::random_values(C, 2, -1, 1), DType::kFloat32);
+  const std::vector<double> xv = test::random_values(static_cast<std::size_t>(N * C * H * W), 3, -3, 3);
+  const Tensor x = test::make_tensor({N, C, H, W}, DType::kFloat16, xv, Layout::kNHWC);
+  const Tensor r = test::make_tensor({N, C, H, W}, DType::kFloat16, xv, Layout::kNHWC);
+  Tensor y = Tensor::empty({N, C, H, W}, DType::kFloat16, Device::cpu(), Layout::kNHWC);
+  Context ctx;
+  ctx.num_threads = 0;
+  frozen_batch_norm_forward(x, scale, shift, y, Epi::kAddRelu, r, ctx);
+  const Tensor xg = x.to(gpu), rg = r.to(gpu), sg = scale.to(gpu), hg = shift.to(gpu);
+  Tensor yg = Tensor::empty({N, C, H, W}, DType::kFloat16, gpu, Layout::kNHWC);
+  for (int run = 0; run < 5; ++run) {
+    yg.fill_bytes(0);
+    frozen_batch_norm_forward(xg, sg, hg, yg, Epi::kAddRelu, rg);
+    ASSERT_TRUE(test::same_bytes(y, yg.to(Device::cpu()))) << "run " << run;
+  }
+}
+
+TEST(FrozenBnCudaFold, DeviceBuffersFoldToTheCpuBits) {
+  DETOPS_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const std::size_t C = 77;
+  std::vector<double> v = test::random_values(C, 14, 0, 3);
+  v[3] = 0.0;
+  for (DType pdt : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(pdt));
+    const Tensor w = param(test::random_values(C, 11, -2, 2), pdt), b = param(test::random_values(C, 12, -1, 1), pdt),
+                 m = param(test::random_values(C, 13, -1, 1), pdt), rv = param(v, pdt);
+    const BatchNormState st{w, b, m, rv, 1e-5};
+    Tensor s = Tensor::empty({static_cast<std::int64_t>(C)}, pdt), h = Tensor::empty({static_cast<std::int64_t>(C)}, pdt);
+    frozen_batch_norm_fold(st, s, h);
+    const Tensor wg = w.to(gpu), bg = b.to(gpu), mg = m.to(gpu), rvg = rv.to(gpu);
+    const BatchNormState stg{wg, bg, mg, rvg, 1e-5};
+    Tensor sg = Tensor::empty({static_cast<std::int64_t>(C)}, pdt, gpu), hg = Tensor::empty({static_cast<std::int64_t>(C)}, pdt, gpu);
+    frozen_batch_norm_fold(stg, sg, hg);
+    EXPECT_TRUE(test::same_bytes(s, sg.to(Device::cpu()))) << "scale";
+    EXPECT_TRUE(test::same_bytes(h, hg.to(Device::cpu()))) << "shift";
+    // The module built on the device from CPU buffers, and its state on the device.
+    const FrozenBatchNorm2d fbn = FrozenBatchNorm2d::from_state(st, gpu);
+    EXPECT_TRUE(fbn.scale().view().device == gpu);
+    EXPECT_TRUE(test::same_bytes(s, fbn.scale().to(Device::cpu())));
+    EXPECT_TRUE(test::same_bytes(h, fbn.shift().to(Device::cpu())));
+    const BatchNormState back = fbn.state();
+    EXPECT_TRUE(back.running_var.device == gpu);
+    // Read the device running_var back through a CPU module built from the device state.
+    const std::vector<double> got = [&] {
+      FrozenBatchNorm2d cpu_copy = FrozenBatchNorm2d::from_state(back, Device::cpu());
+      return test::to_vector(cpu_copy.state().running_var);
+    }();
+    const std::vector<double> want = test::to_vector(rv);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(double))) << "running_var round trip";
+  }
+}
+
+TEST(FrozenBnCudaIdentity, IdentityOnDeviceIsExact) {
+  DETOPS_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const FrozenBatchNorm2d id = FrozenBatchNorm2d::identity(8, 1e-5, gpu);
+  const Tensor x = test::make_tensor({2, 8, 5, 7}, DType::kFloat32, test::random_values(560, 9, -100, 100));
+  const Tensor xg = x.to(gpu);
+  Tensor yg = Tensor::empty({2, 8, 5, 7}, DType::kFloat32, gpu);
+  id.forward(xg, yg);
+  EXPECT_TRUE(test::same_bytes(x, yg.to(Device::cpu())));
+}
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(FrozenBnCudaBadInput, MixedDevicesAndBadDeviceStatistics) {
+  DETOPS_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Tensor x = test::make_tensor({2, 3, 4, 5}, DType::kFloat32, test::random_values(120, 1)).to(gpu);
+  const Tensor scale_cpu = param({1, 2, 3}, DType::kFloat32), shift = param({0, 0, 0}, DType::kFloat32, gpu);
+  Tensor y = Tensor::empty({2, 3, 4, 5}, DType::kFloat32, gpu);
+  y.fill_bytes(0xA5);
+  const std::string m1 = what_of([&] { frozen_batch_norm_forward(x, scale_cpu, shift, y); });
+  EXPECT_NE(m1.find("frozen_batch_norm_forward"), std::string::npos) << m1;
+  EXPECT_NE(m1.find("scale"), std::string::npos) << m1;
+  const Tensor yb = y.to(Device::cpu());
+  for (std::size_t i = 0; i < yb.nbytes(); ++i) ASSERT_EQ(static_cast<unsigned char*>(yb.view().data)[i], 0xA5);
+  // A negative running_var in device memory is found too (the fold reads the statistics).
+  std::vector<double> v = {1.0, -0.5, 2.0};
+  const Tensor w = param({1, 1, 1}, DType::kFloat32, gpu), b = param({0, 0, 0}, DType::kFloat32, gpu),
+               m = param({0, 0, 0}, DType::kFloat32, gpu), rv = param(v, DType::kFloat32, gpu);
+  Tensor s = Tensor::empty({3}, DType::kFloat32, gpu), h = Tensor::empty({3}, DType::kFloat32, gpu);
+  s.fill_bytes(0xA5);
+  const std::string m2 = what_of([&] { frozen_batch_norm_fold(BatchNormState{w, b, m, rv, 1e-5}, s, h); });
+  EXPECT_NE(m2.find("frozen_batch_norm_fold"), std::string::npos) << m2;
+  EXPECT_NE(m2.find("running_var"), std::string::npos) << m2;
+  const Tensor sb = s.to(Device::cpu());
+  for (std::size_t i = 0; i < sb.nbytes(); ++i) ASSERT_EQ(static_cast<unsigned char*>(sb.view().data)[i], 0xA5);
+}
+
+TEST(FrozenBnCudaSemantics, EmptyProblemsLaunchNothing) {
+  DETOPS_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Tensor scale = param({1, 2, 3}, DType::kFloat32, gpu), shift = param({0, 0, 0}, DType::kFloat32, gpu);
+  const Tensor x = Tensor::empty({0, 3, 4, 5}, DType::kFloat32, gpu);
+  Tensor y = Tensor::empty({0, 3, 4, 5}, DType::kFloat32, gpu);
+  EXPECT_EQ(what_of([&] { frozen_batch_norm_forward(x, scale, shift, y, Epi::kRelu); }), "no error");
+  EXPECT_EQ(what_of([&] { frozen_batch_norm_backward(x, scale, y, Epi::kRelu, x); }), "no error");
+}
+
+}  // namespace
+}  // namespace detops
