@@ -1,0 +1,2 @@
+#include <gtest/gtest.h>
+TEST(LargeTensor, Placeholder) { GTEST_SKIP() << "placeholder"; }
