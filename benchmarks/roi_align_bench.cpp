@@ -457,10 +457,43 @@ bool take_flag(int* argc, char** argv, const char* flag) {
   return false;
 }
 
+/// Removes `prefix` + VALUE (e.g. "--detops_dump_rois=") from argv; VALUE, or "" when absent.
+std::string take_value(int* argc, char** argv, const char* prefix) {
+  const std::size_t n = std::strlen(prefix);
+  for (int i = 1; i < *argc; ++i) {
+    if (std::strncmp(argv[i], prefix, n) == 0) {
+      std::string value = argv[i] + n;
+      for (int j = i; j + 1 < *argc; ++j) argv[j] = argv[j + 1];
+      --*argc;
+      return value;
+    }
+  }
+  return {};
+}
+
+/// Writes the benchmark rois, one per line (batch x1 y1 x2 y2, image coordinates, %.17g: the
+/// doubles exactly), for benchmarks/compare_torchvision.py. The float32 benchmarks round them to
+/// nearest.
+int dump_rois(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "detops_bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  const std::vector<double>& r = roi_values();
+  std::fprintf(f, "# detops_bench rois: %lld x (batch, x1, y1, x2, y2), seed %llu\n", static_cast<long long>(kK),
+               static_cast<unsigned long long>(kRoiSeed));
+  for (std::int64_t k = 0; k < kK; ++k)
+    std::fprintf(f, "%.17g %.17g %.17g %.17g %.17g\n", r[k * 5], r[k * 5 + 1], r[k * 5 + 2], r[k * 5 + 3], r[k * 5 + 4]);
+  return std::fclose(f) == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool full = take_flag(&argc, argv, "--detops_full");
+  const std::string rois_path = take_value(&argc, argv, "--detops_dump_rois=");
+  if (!rois_path.empty()) return dump_rois(rois_path);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 

@@ -2,12 +2,19 @@
 # GPU check, for a machine with an NVIDIA GPU, CUDA, CMake and ninja but no network or apt:
 # builds detops with the CUDA backend against the dependencies that scripts/stage-gpu-deps.sh put
 # in .deps/, runs every test (the gpu label included), runs the benchmarks into
-# benchmarks/results/gpu-<date>.json, and prints a summary last. Each phase is timed.
+# benchmarks/results/gpu-<date>.json, compares with torchvision (benchmarks/compare_torchvision.py:
+# benchmarks/results/compare-gpu-<date>.{json,txt}), draws the charts (benchmarks/plot_results.py:
+# benchmarks/results/roi_align_*-gpu-<date>.png, when matplotlib is there), and prints a summary
+# last (also kept as benchmarks/results/gpu-<date>-summary.txt). Each phase is timed.
 #   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
 #   BENCH_FILTER                --benchmark_filter regex (default: /cuda/ plus the f32 box-head CPU runs)
 #   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.2)
 #   BENCH_REPETITIONS           repetitions, for the medians (default 3)
 #   BENCH_TIMEOUT               seconds the benchmark run may take (default 300)
+#   PYTHON                      the python with torch and torchvision (default python3)
+#   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda --rounds 3
+#                               --tv-compile off; add cpu, or --tv-compile on, when there is time)
+#   COMPARE_TIMEOUT             seconds the comparison may take (default 300; rounds stop at 3/4 of it)
 #   GPU_CHECK_CMAKE_ARGS        extra configure arguments (e.g. '-DCMAKE_IGNORE_PREFIX_PATH=/usr;/'
 #                               to prove that only .deps/ is used)
 #   OUT                         when set, the logs, the JSON and the summary are copied there
@@ -23,6 +30,11 @@ logs=$build/gpu-check
 prefix=$root/.deps/prefix
 date=$(date +%Y-%m-%d)
 bench_json=benchmarks/results/gpu-$date.json
+compare_json=benchmarks/results/compare-gpu-$date.json
+compare_txt=benchmarks/results/compare-gpu-$date.txt
+modes_png=benchmarks/results/roi_align_modes-gpu-$date.png
+vs_png=benchmarks/results/roi_align_vs_torchvision-gpu-$date.png
+python=${PYTHON:-python3}
 summary=$logs/summary.txt
 status=0
 phases=()
@@ -87,6 +99,21 @@ run_benchmarks() {
   timeout "${BENCH_TIMEOUT:-300}" "$build/benchmarks/detops_bench" "${args[@]}"
 }
 
+# detops vs torchvision on the same shapes, alternating (torchvision missing: detops only, still 0).
+run_compare() {
+  local limit=${COMPARE_TIMEOUT:-300}
+  # shellcheck disable=SC2086  # COMPARE_ARGS is a list of words
+  timeout "$limit" "$python" benchmarks/compare_torchvision.py --bench "$build/benchmarks/detops_bench" \
+    --json "$compare_json" --table "$compare_txt" --max-seconds $((limit * 3 / 4)) \
+    ${COMPARE_ARGS:---devices cuda --rounds 3 --tv-compile off}
+}
+
+# The charts; without matplotlib, nothing (make them where the JSON files are copied to).
+run_plots() {
+  "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$bench_json" --bench-filter '/f32/' \
+    --modes-png "$modes_png" --vs-png "$vs_png" --if-available
+}
+
 # Medians from the benchmark JSON: name, time, and throughput where reported.
 bench_table() {
   [[ -s $bench_json ]] || { echo "(no benchmark results)"; return; }
@@ -138,6 +165,8 @@ if phase gtest "$logs/gtest.log" build_googletest &&
   phase tests "$logs/ctest.log" ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
   if [[ -x $build/benchmarks/detops_bench ]]; then
     phase bench "$logs/bench.log" run_benchmarks
+    phase compare "$logs/compare.log" run_compare
+    [[ -s $compare_json ]] && phase plots "$logs/plots.log" run_plots
   else
     echo "gpu-check: $build/benchmarks/detops_bench was not built" | tee "$logs/bench.log"
     status=1
@@ -152,14 +181,18 @@ fi
   echo
   bench_table
   echo
-  echo "benchmark JSON: $bench_json; logs: $logs/"
+  if [[ -s $compare_txt ]]; then cat "$compare_txt"; else echo "(no torchvision comparison)"; fi
+  echo
+  echo "benchmark JSON: $bench_json; comparison: $compare_json, $compare_txt; charts: $modes_png, $vs_png"
+  echo "logs: $logs/"
   echo "gpu-check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED)"
 } > "$summary"
+cp "$summary" "benchmarks/results/gpu-$date-summary.txt"
 
 if [[ -n "${OUT:-}" ]]; then
   mkdir -p "$OUT"
   for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
-           "$bench_json"; do
+           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png"; do
     [[ -f $f ]] && cp "$f" "$OUT/"
   done
 fi
