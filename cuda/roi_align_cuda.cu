@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <limits>
+
 #include "cuda_check.cuh"
 #include "detops/detail/roi_align_kernels.h"
 #include "internal/roi_align_backend.h"
@@ -83,10 +85,15 @@ __global__ void count_kernel(detail::RoiSource rois, detail::RoiAlignShape s, st
   DETOPS_GRID_STRIDE(k, s.K + 1) counts[k] = k < s.K ? detail::roi_sample_count<A>(rois, k, s) : 0;
 }
 
-__global__ void init_slots_kernel(std::uint64_t* keys, std::int64_t* ids, std::int64_t n, std::uint64_t sentinel) {
-  DETOPS_GRID_STRIDE(j, n) {
-    keys[j] = sentinel;
-    ids[j] = j;
+template <class A>
+__global__ void init_slots_kernel(detail::ExactRecords<A> rec, std::int64_t n, std::uint64_t sentinel) {
+  DETOPS_GRID_STRIDE(j, n) {  // every field set, so slots no roi fills are fully defined
+    rec.keys[j] = sentinel;
+    rec.ids[j] = j;
+    rec.weights[j] = A(0);
+    rec.go_offsets[j] = 0;
+    rec.am_offsets[j] = 0;
+    rec.samples[j] = -1;
   }
 }
 
@@ -171,8 +178,16 @@ struct ExactDeviceBuffers {
   std::size_t temp_bytes = 0;
 };
 
+/// CUB's run-length encode counts items in int: the exact mode is limited to 2^31 - 1 slots.
+void check_slot_count(std::int64_t cap, const char* op) {
+  if (cap > std::numeric_limits<int>::max())
+    fail(ErrorCode::kOutOfMemory, "{}: the exact mode needs {} slots here; at most 2^31 - 1 are supported (use a "
+         "fixed sampling_ratio or fewer rois per call)", op, cap);
+}
+
 template <class A>
 std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
+  check_slot_count(cap, op);
   std::size_t sort = 0, rle = 0, scan_runs = 0, scan_rois = 0;
   DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const std::uint64_t*>(nullptr),
                                                     static_cast<std::uint64_t*>(nullptr),
@@ -182,7 +197,7 @@ std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, con
   DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const std::uint64_t*>(nullptr),
                                                        static_cast<std::uint64_t*>(nullptr),
                                                        static_cast<std::int64_t*>(nullptr),
-                                                       static_cast<std::int64_t*>(nullptr), cap),
+                                                       static_cast<std::int64_t*>(nullptr), static_cast<int>(cap)),
                     op);
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_runs, static_cast<const std::int64_t*>(nullptr),
                                                   static_cast<std::int64_t*>(nullptr), cap),
@@ -250,6 +265,9 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   }
   const std::size_t temp_bytes = cub_temp_bytes<A>(s, cap, op);
   WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes);
+  if (layout.bytes() > ws.bytes)
+    fail(ErrorCode::kInvalidArgument, "{}: workspace has {} bytes; the exact mode needs {} here", op, ws.bytes,
+         layout.bytes());
   ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes);
   const detail::RoiSource rois = roi_source(call.rois);
   const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
@@ -260,7 +278,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   check_launch("count_kernel", op, ctx);
   std::size_t tb = b.temp_bytes;
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.counts, b.roi_offsets, s.K + 1, stream), op);
-  init_slots_kernel<<<grid_for(cap), kBlock, 0, stream>>>(b.slots.keys, b.slots.ids, cap, sentinel);
+  init_slots_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.slots, cap, sentinel);
   check_launch("init_slots_kernel", op, ctx);
   detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
                               call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0}, b.slots};
@@ -276,7 +294,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   DETOPS_CUDA_CHECK(cudaMemsetAsync(b.run_lengths, 0, static_cast<std::size_t>(cap) * sizeof(std::int64_t), stream), op);
   tb = b.temp_bytes;
   DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(b.temp, tb, b.sorted.keys, b.run_keys, b.run_lengths,
-                                                       b.num_runs, cap, stream),
+                                                       b.num_runs, static_cast<int>(cap), stream),
                     op);
   tb = b.temp_bytes;
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
@@ -416,6 +434,7 @@ void roi_align_forward_cuda(const RoiAlignCall& call, const Context& ctx) {
 }
 
 std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+  DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const detail::RoiAlignShape& s = call.shape;
   switch (mode) {
     case BackwardMode::kAtomic: return 0;

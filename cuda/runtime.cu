@@ -59,6 +59,14 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t by
   const int index = dd.is_cuda() ? dd.index : sd.index;
   DeviceGuard guard(index, "copy");
   DETOPS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy");
+  // A pageable host-to-device cudaMemcpy may return before the DMA lands; wait, so work on any
+  // stream (including non-blocking ones) sees the data.
+  if (dd.is_cuda()) DETOPS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy), "copy");
+}
+
+void cuda_stream_synchronize(Device d, void* stream) {
+  DeviceGuard guard(d.index, "synchronize");
+  DETOPS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "synchronize");
 }
 
 void cuda_memset(void* p, int value, std::size_t bytes, Device d) {

@@ -26,6 +26,7 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t by
   if (bytes) std::memcpy(dst, src, bytes);
 }
 void cuda_memset(void*, int, std::size_t, Device) { not_compiled("cuda_memset"); }
+void cuda_stream_synchronize(Device, void*) { not_compiled("cuda_stream_synchronize"); }
 
 RoiCheck roi_align_check_rois_cuda(const RoiAlignCall&, bool, bool, const Context&) { not_compiled("roi_align"); }
 void roi_align_forward_cuda(const RoiAlignCall&, const Context&) { not_compiled("roi_align_forward"); }

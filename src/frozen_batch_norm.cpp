@@ -108,7 +108,6 @@ void fold_into(const std::vector<double>& w, const std::vector<double>& b, const
 
 void frozen_batch_norm_fold(const BatchNormState& st, const TensorView& scale, const TensorView& shift,
                             const Context& ctx) {
-  (void)ctx;  // the fold is a one-time host computation; device buffers are copied synchronously
   const char* op = "frozen_batch_norm_fold";
   const std::pair<const char*, const TensorView*> bufs[] = {
       {"weight", &st.weight}, {"bias", &st.bias}, {"running_mean", &st.running_mean}, {"running_var", &st.running_var}};
@@ -135,6 +134,8 @@ void frozen_batch_norm_fold(const BatchNormState& st, const TensorView& scale, c
   check_same_device(op, "scale", scale, "weight", st.weight);
   check_same_device(op, "shift", shift, "scale", scale);
   internal::check_no_partial_overlap(op, "shift", shift, "scale", scale, false);
+  // The statistics may still be being written on the caller's stream: wait for it before reading.
+  if (st.weight.device.is_cuda()) internal::cuda_stream_synchronize(st.weight.device, ctx.cuda_stream);
   const std::vector<double> w = host_values(st.weight), b = host_values(st.bias), m = host_values(st.running_mean),
                             v = host_values(st.running_var);
   for (std::size_t c = 0; c < v.size(); ++c) {
@@ -256,9 +257,11 @@ FrozenBatchNorm2d FrozenBatchNorm2d::from_state(const BatchNormState& state, Dev
   FrozenBatchNorm2d f;
   const DType param = state.weight.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
   const std::int64_t C = state.weight.sizes[0];
-  f.scale_ = Tensor::empty({C}, param, device);
-  f.shift_ = Tensor::empty({C}, param, device);
-  frozen_batch_norm_fold(state, f.scale_, f.shift_, ctx);  // validates everything first
+  // Fold where the buffers are (that validates everything first), then move to `device`.
+  Tensor scale = Tensor::empty({C}, param, state.weight.device), shift = Tensor::empty({C}, param, state.weight.device);
+  frozen_batch_norm_fold(state, scale, shift, ctx);
+  f.scale_ = state.weight.device == device ? std::move(scale) : scale.to(device);
+  f.shift_ = state.weight.device == device ? std::move(shift) : shift.to(device);
   f.weight_ = copy_buffer(state.weight, device, state.weight.dtype);
   f.bias_ = copy_buffer(state.bias, device, state.bias.dtype);
   f.running_mean_ = copy_buffer(state.running_mean, device, state.running_mean.dtype);

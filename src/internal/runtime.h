@@ -20,6 +20,8 @@ void cuda_free_async(void* p, Device d, void* stream) noexcept;
 /// Synchronous copy between any two devices (host <-> device or device <-> device).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
 void cuda_memset(void* p, int value, std::size_t bytes, Device d);
+/// Waits for the work queued on `stream` (one-time conversions that read device data on the host).
+void cuda_stream_synchronize(Device d, void* stream);
 
 }  // namespace internal
 }  // namespace detops
