@@ -107,17 +107,7 @@ void launch_typed(const FrozenBnCall& call, const Context& ctx) {
     check_launch(call.backward ? "backward_vec_kernel" : "forward_vec_kernel", call.op, ctx);
     return;
   }
-  detail::FrozenBnArgs<T> p{};
-  p.a = a, p.b = b, p.out = out, p.out2 = out2;
-  for (int d = 0; d < 4; ++d) {
-    p.sa[d] = call.a.strides[d];
-    p.sb[d] = call.b.defined() ? call.b.strides[d] : 0;
-    p.so[d] = call.out.strides[d];
-    p.so2[d] = call.out2.defined() ? call.out2.strides[d] : 0;
-  }
-  p.scale = scale, p.shift = shift;
-  p.N = N, p.C = C, p.H = H, p.W = W;
-  p.add = kAdd, p.relu = kRelu;
+  const detail::FrozenBnArgs<T> p = make_frozen_bn_args<T>(call, kAdd, kRelu);
   if (!call.backward) forward_generic_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(p, n);
   else backward_generic_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(p, n);
   check_launch(call.backward ? "backward_generic_kernel" : "forward_generic_kernel", call.op, ctx);

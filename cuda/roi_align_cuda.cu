@@ -211,14 +211,8 @@ std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, con
 template <class A>
 WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes) {
   WorkspaceLayout l;
-  for (int i = 0; i < 2; ++i) {
-    l.add<std::uint64_t>(cap);
-    l.add<std::int64_t>(cap);
-    l.add<A>(cap);
-    l.add<std::int64_t>(cap);
-    l.add<std::int64_t>(cap);
-    l.add<std::int32_t>(cap);
-  }
+  add_records<A>(l, cap, true);  // slots
+  add_records<A>(l, cap, true);  // sorted (the sort writes keys and ids)
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(s.K + 1);
   l.add<std::uint64_t>(cap);
@@ -233,14 +227,8 @@ template <class A>
 ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes) {
   l.bind(base);
   ExactDeviceBuffers<A> b;
-  for (detail::ExactRecords<A>* r : {&b.slots, &b.sorted}) {
-    r->keys = l.take<std::uint64_t>();
-    r->ids = l.take<std::int64_t>();
-    r->weights = l.take<A>();
-    r->go_offsets = l.take<std::int64_t>();
-    r->am_offsets = l.take<std::int64_t>();
-    r->samples = l.take<std::int32_t>();
-  }
+  b.slots = take_records<A>(l);
+  b.sorted = take_records<A>(l);
   b.counts = l.take<std::int64_t>();
   b.roi_offsets = l.take<std::int64_t>();
   b.run_keys = l.take<std::uint64_t>();
@@ -299,22 +287,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   tb = b.temp_bytes;
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
   // Phase 3: one fixed-order sum per (run, channel).
-  detail::GatherArgs<T> ga{};
-  ga.run_keys = b.run_keys;
-  ga.run_offsets = b.run_offsets;
-  ga.run_lengths = b.run_lengths;
-  ga.weights = b.sorted.weights;
-  ga.go_offsets = b.sorted.go_offsets;
-  ga.am_offsets = b.sorted.am_offsets;
-  ga.samples = b.sorted.samples;
-  ga.grad_output = static_cast<const T*>(call.pooled.data);
-  ga.go_c = call.pooled.strides[1];
-  ga.argmax = static_cast<const std::int32_t*>(call.argmax.data);
-  ga.am_c = call.max_pool ? call.argmax.strides[1] : 0;
-  ga.grad_input = static_cast<T*>(call.features.data);
-  ga.gi = strides4(call.features);
-  ga.shape = s;
-  ga.max_pool = call.max_pool;
+  const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
   const bool channels_last = channels_last_order(call.features);
   gather_kernel<T><<<grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C), kBlock, 0, stream>>>(ga, b.num_runs,
                                                                                                channels_last);

@@ -90,17 +90,7 @@ void run_typed(const FrozenBnCall& call, const Context& ctx) {
     return;
   }
   // Any strides: the shared element bodies.
-  detail::FrozenBnArgs<T> p{};
-  p.a = a, p.b = b, p.out = out, p.out2 = out2;
-  for (int d = 0; d < 4; ++d) {
-    p.sa[d] = call.a.strides[d];
-    p.sb[d] = call.b.defined() ? call.b.strides[d] : 0;
-    p.so[d] = call.out.strides[d];
-    p.so2[d] = call.out2.defined() ? call.out2.strides[d] : 0;
-  }
-  p.scale = scale, p.shift = shift;
-  p.N = N, p.C = C, p.H = H, p.W = W;
-  p.add = kAdd, p.relu = kRelu;
+  const detail::FrozenBnArgs<T> p = make_frozen_bn_args<T>(call, kAdd, kRelu);
   parallel_for(N * C * H * W, 1 << 14, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       if (!call.backward) detail::frozen_bn_forward_element(i, p);

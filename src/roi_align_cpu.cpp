@@ -298,14 +298,8 @@ template <class A>
 WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap) {
   WorkspaceLayout l;
   const std::int64_t positions = s.N * s.H * s.W;
-  for (int i = 0; i < 2; ++i) {  // slots, then sorted copies
-    l.add<std::uint64_t>(i == 0 ? cap : 0);
-    l.add<std::int64_t>(i == 0 ? cap : 0);
-    l.add<A>(cap);
-    l.add<std::int64_t>(cap);
-    l.add<std::int64_t>(cap);
-    l.add<std::int32_t>(cap);
-  }
+  add_records<A>(l, cap, true);   // slots
+  add_records<A>(l, cap, false);  // sorted copies (keys and ids are read through sorted_ids)
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(cap);
   l.add<std::int64_t>(use_counting_sort(positions, cap) ? positions + 2 : 0);
@@ -319,14 +313,8 @@ template <class A>
 ExactBuffers<A> carve_exact(WorkspaceLayout& l, void* base) {
   l.bind(base);
   ExactBuffers<A> b;
-  for (detail::ExactRecords<A>* r : {&b.slots, &b.sorted}) {
-    r->keys = l.take<std::uint64_t>();
-    r->ids = l.take<std::int64_t>();
-    r->weights = l.take<A>();
-    r->go_offsets = l.take<std::int64_t>();
-    r->am_offsets = l.take<std::int64_t>();
-    r->samples = l.take<std::int32_t>();
-  }
+  b.slots = take_records<A>(l);
+  b.sorted = take_records<A>(l);
   b.roi_offsets = l.take<std::int64_t>();
   b.sorted_ids = l.take<std::int64_t>();
   b.buckets = l.take<std::int64_t>();
@@ -394,22 +382,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
 
   // Phase 3: zero grad_input, then each (run, channel) is written once with its fixed-order sum.
   zero_fill<T>(call.features, ctx);
-  detail::GatherArgs<T> ga{};
-  ga.run_keys = b.run_keys;
-  ga.run_offsets = b.run_offsets;
-  ga.run_lengths = b.run_lengths;
-  ga.weights = b.sorted.weights;
-  ga.go_offsets = b.sorted.go_offsets;
-  ga.am_offsets = b.sorted.am_offsets;
-  ga.samples = b.sorted.samples;
-  ga.grad_output = static_cast<const T*>(call.pooled.data);
-  ga.go_c = call.pooled.strides[1];
-  ga.argmax = static_cast<const std::int32_t*>(call.argmax.data);
-  ga.am_c = call.max_pool ? call.argmax.strides[1] : 0;
-  ga.grad_input = static_cast<T*>(call.features.data);
-  ga.gi = strides4(call.features);
-  ga.shape = s;
-  ga.max_pool = call.max_pool;
+  const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
   const bool vector_channels = ga.gi.s1 == 1 && ga.go_c == 1 && s.C > 1;
   if (vector_channels) {
     parallel_for(runs, 256, threads, [&](std::int64_t lo, std::int64_t hi) {

@@ -20,6 +20,16 @@ void set_shape(TensorView& v, std::initializer_list<std::int64_t> sizes) {
   v.rank = static_cast<int>(sizes.size());
   std::copy(sizes.begin(), sizes.end(), v.sizes);
 }
+/// 64-byte aligned CPU memory, or cudaMalloc memory, released with the last owner.
+std::shared_ptr<void> allocate_storage(std::size_t bytes, Device device) {
+  const std::size_t alloc = std::max<std::size_t>(bytes, 1);
+  if (device.is_cpu()) {
+    void* p = ::operator new(alloc, std::align_val_t{64});
+    return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t{64}); });
+  }
+  void* p = internal::cuda_malloc(alloc, device);
+  return std::shared_ptr<void>(p, [device](void* q) { internal::cuda_free(q, device); });
+}
 }  // namespace
 
 void contiguous_strides(int rank, const std::int64_t* sizes, std::int64_t* strides, Layout layout) {
@@ -95,14 +105,7 @@ Tensor Tensor::empty(std::initializer_list<std::int64_t> sizes, DType dtype, Dev
   t.view_.device = device;
   contiguous_strides(t.view_.rank, t.view_.sizes, t.view_.strides, layout);
   t.bytes_ = static_cast<std::size_t>(t.view_.numel()) * dtype_size(dtype);
-  const std::size_t alloc = std::max<std::size_t>(t.bytes_, 1);
-  if (device.is_cpu()) {
-    void* p = ::operator new(alloc, std::align_val_t{64});
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t{64}); });
-  } else {
-    void* p = internal::cuda_malloc(alloc, device);
-    t.storage_ = std::shared_ptr<void>(p, [device](void* q) { internal::cuda_free(q, device); });
-  }
+  t.storage_ = allocate_storage(t.bytes_, device);
   t.view_.data = t.storage_.get();
   return t;
 }
@@ -124,14 +127,7 @@ Tensor Tensor::to(Device device) const {
   t.view_ = view_;
   t.view_.device = device;
   t.bytes_ = bytes_;
-  const std::size_t alloc = std::max<std::size_t>(bytes_, 1);
-  if (device.is_cpu()) {
-    void* p = ::operator new(alloc, std::align_val_t{64});
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t{64}); });
-  } else {
-    void* p = internal::cuda_malloc(alloc, device);
-    t.storage_ = std::shared_ptr<void>(p, [device](void* q) { internal::cuda_free(q, device); });
-  }
+  t.storage_ = allocate_storage(bytes_, device);
   t.view_.data = t.storage_.get();
   internal::copy_bytes(t.view_.data, device, view_.data, view_.device, bytes_);
   return t;

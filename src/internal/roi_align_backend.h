@@ -9,6 +9,7 @@
 #include "detops/context.h"
 #include "detops/detail/roi_align_kernels.h"
 #include "detops/roi_align.h"
+#include "internal/common.h"
 
 namespace detops {
 namespace internal {
@@ -49,6 +50,53 @@ inline int narrow_code(const RoiAlignBackwardOptions& b) {
 inline std::int64_t exact_slot_capacity(const detail::RoiAlignShape& s, const RoiCheck& check) {
   if (s.sampling_ratio > 0) return 4 * s.K * s.PH * s.PW * s.sampling_ratio * s.sampling_ratio;
   return 4 * (check.total_samples < 0 ? 0 : check.total_samples);
+}
+
+/// The exact mode's slot arrays in a workspace: add_records() sizes one set (keys and ids only
+/// when `with_keys`), take_records() takes it back in the same order after bind().
+template <class A>
+void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys) {
+  l.add<std::uint64_t>(with_keys ? cap : 0);
+  l.add<std::int64_t>(with_keys ? cap : 0);
+  l.add<A>(cap);
+  l.add<std::int64_t>(cap);
+  l.add<std::int64_t>(cap);
+  l.add<std::int32_t>(cap);
+}
+template <class A>
+detail::ExactRecords<A> take_records(WorkspaceLayout& l) {
+  detail::ExactRecords<A> r;
+  r.keys = l.take<std::uint64_t>();
+  r.ids = l.take<std::int64_t>();
+  r.weights = l.take<A>();
+  r.go_offsets = l.take<std::int64_t>();
+  r.am_offsets = l.take<std::int64_t>();
+  r.samples = l.take<std::int32_t>();
+  return r;
+}
+
+/// Phase 3's arguments: the sorted slots, their runs, and the call's tensors.
+template <class T>
+detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::ExactRecords<acc_t<T>>& sorted,
+                                       const std::uint64_t* run_keys, const std::int64_t* run_offsets,
+                                       const std::int64_t* run_lengths) {
+  detail::GatherArgs<T> ga{};
+  ga.run_keys = run_keys;
+  ga.run_offsets = run_offsets;
+  ga.run_lengths = run_lengths;
+  ga.weights = sorted.weights;
+  ga.go_offsets = sorted.go_offsets;
+  ga.am_offsets = sorted.am_offsets;
+  ga.samples = sorted.samples;
+  ga.grad_output = static_cast<const T*>(call.pooled.data);
+  ga.go_c = call.pooled.strides[1];
+  ga.argmax = static_cast<const std::int32_t*>(call.argmax.data);
+  ga.am_c = call.max_pool ? call.argmax.strides[1] : 0;
+  ga.grad_input = static_cast<T*>(call.features.data);
+  ga.gi = strides4(call.features);
+  ga.shape = call.shape;
+  ga.max_pool = call.max_pool;
+  return ga;
 }
 
 // CPU backend (src/roi_align_cpu.cpp)
