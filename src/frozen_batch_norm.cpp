@@ -205,6 +205,7 @@ void frozen_batch_norm_backward(const TensorView& grad_y, const TensorView& scal
     check_no_partial_overlap(op, "grad_residual", grad_residual, "grad_y", grad_y, true);
     check_no_partial_overlap(op, "grad_residual", grad_residual, "grad_x", grad_x, false);
     check_no_partial_overlap(op, "grad_residual", grad_residual, "y", y, true);
+    check_no_partial_overlap(op, "grad_residual", grad_residual, "scale", scale, false);
   }
   if (grad_y.numel() == 0) return;
   internal::FrozenBnCall call{op, grad_y, relu ? y : TensorView{}, grad_x, grad_residual, scale, {}, epilogue, true};

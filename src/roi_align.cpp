@@ -39,8 +39,9 @@ void check_options(const char* op, const RoiAlignOptions& o) {
          o.pooled_width);
   if (!(std::isfinite(o.spatial_scale) && o.spatial_scale > 0))
     fail(kBad, "{}: spatial_scale is {}; expected a finite value > 0", op, o.spatial_scale);
-  if (o.max_samples_per_roi <= 0)
-    fail(kBad, "{}: max_samples_per_roi is {}; expected > 0", op, o.max_samples_per_roi);
+  constexpr std::int64_t kMaxSamplesLimit = std::int64_t{1} << 40;  // keeps every product below 2^63
+  if (o.max_samples_per_roi <= 0 || o.max_samples_per_roi > kMaxSamplesLimit)
+    fail(kBad, "{}: max_samples_per_roi is {}; expected a value in [1, 2^40]", op, o.max_samples_per_roi);
   if (o.sampling_ratio > 0) {
     const double per_roi = static_cast<double>(o.sampling_ratio) * static_cast<double>(o.sampling_ratio) *
                            static_cast<double>(o.pooled_height) * static_cast<double>(o.pooled_width);
@@ -223,6 +224,17 @@ bool needs_total(const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
 
 std::size_t workspace_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
   if (call.shape.K == 0 || call.shape.C == 0) return 0;
+  if (mode == BackwardMode::kExact) {
+    // Slots are 4 per sample; sized in double first so a huge problem is an error, not an overflow.
+    const detail::RoiAlignShape& s = call.shape;
+    const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
+                                                      static_cast<double>(s.PW) * static_cast<double>(s.sampling_ratio) *
+                                                      static_cast<double>(s.sampling_ratio)
+                                                : static_cast<double>(check.total_samples);
+    if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
+      fail(ErrorCode::kOutOfMemory, "{}: the exact mode would need {} slots (4 per sample); expected at most 2^40 "
+           "(use fewer rois per call or a smaller sampling_ratio)", call.op, 4.0 * samples);
+  }
   return call.features.device.is_cpu() ? internal::roi_align_backward_workspace_cpu(call, check, mode)
                                        : internal::roi_align_backward_workspace_cuda(call, check, mode);
 }

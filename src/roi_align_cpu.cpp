@@ -134,7 +134,7 @@ void forward_typed(const RoiAlignCall& call, const Context& ctx) {
             T* o = out_k + ph * out.s2 + pw * out.s3;
             for (std::int64_t c = 0; c < s.C; ++c) o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
             if (am_k)
-              for (std::int64_t c = 0; c < s.C; ++c) am_k[c + ph * am.s2 + pw * am.s3] = best_index[c];
+              for (std::int64_t c = 0; c < s.C; ++c) am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = best_index[c];
           }
         continue;
       }
@@ -456,7 +456,9 @@ RoiCheck roi_align_check_rois_cpu(const RoiAlignCall& call, bool need_total) {
         }
         continue;
       }
-      check.total_samples += box.grid_h * box.grid_w * call.shape.PH * call.shape.PW;
+      // saturating: each term is at most 2^40 (max_samples_per_roi), the sum must not wrap
+      check.total_samples = std::min<std::int64_t>(check.total_samples + box.grid_h * box.grid_w * call.shape.PH * call.shape.PW,
+                                                   std::int64_t{1} << 50);
     }
     return check;
   });

@@ -289,6 +289,27 @@ TEST(RoiAlignCpuSemantics, WorkspaceQueryForMaxPoolingNeedsNoArgmax) {
   EXPECT_TRUE(test::same_bytes(gi, run_backward(w, BackwardMode::kExact, 2, Layout::kNCHW, DType::kFloat32)));
 }
 
+// Regression (found by the fuzzer): NHWC input and output with an NCHW argmax: the vectorized
+// max-pool path must write argmax through its own strides.
+TEST(RoiAlignCpuSemantics, MaxPoolArgmaxLayoutIndependentOfOutput) {
+  const std::vector<double> v = test::random_values(2 * 3 * 6 * 7, 17);
+  Tensor in_nchw = make_tensor({2, 3, 6, 7}, DType::kFloat32, v);
+  Tensor in_nhwc = make_tensor({2, 3, 6, 7}, DType::kFloat32, v, Layout::kNHWC);
+  Tensor rois = make_tensor({2, 5}, DType::kFloat32, {0, 1, 1, 9, 10, 1, 0, 2, 12, 8});
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  o.sampling_ratio = 2;
+  o.pool_mode = PoolMode::kMax;
+  Tensor out_a = Tensor::empty({2, 3, 2, 2}, DType::kFloat32), am_a = Tensor::empty({2, 3, 2, 2}, DType::kInt32);
+  roi_align_forward(in_nchw, rois, out_a, o, {}, am_a);
+  Tensor out_b = Tensor::empty({2, 3, 2, 2}, DType::kFloat32, Device::cpu(), Layout::kNHWC);
+  Tensor am_b = Tensor::empty({2, 3, 2, 2}, DType::kInt32);  // NCHW argmax with an NHWC output
+  am_b.fill_bytes(0xA5);
+  roi_align_forward(in_nhwc, rois, out_b, o, {}, am_b);
+  EXPECT_EQ(to_vector(out_a), to_vector(out_b));
+  EXPECT_TRUE(test::same_bytes(am_a, am_b));
+}
+
 TEST(RoiAlignCpuSemantics, TruncatedBFloat16KeepsLargeGradients) {
   // 1e6 overflows float16 (max 65504) but not bfloat16: loss-scaled gradients survive.
   Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, std::vector<double>(16, 0.0));
