@@ -165,7 +165,7 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
   static const std::int64_t ratios[] = {-1, 0, 1, 2, 3, 2, -7, 4};
   o.sampling_ratio = ratios[r.u8() % 8];
   if (r.one_in(48)) o.sampling_ratio = std::int64_t{1} << r.range(5, 40);
-  const bool guard_off = r.one_in(24);  // max_samples_per_roi = INT64_MAX: sizes must not overflow
+  const bool guard_off = r.one_in(24);  // the sample guard at its maximum: sizes must not overflow
   if (guard_off && r.one_in(3)) o.sampling_ratio = (std::int64_t{1} << r.range(18, 33)) + r.range(-1, 1);
   o.aligned = r.u8() & 1;
   o.pool_mode = r.one_in(3) ? PoolMode::kMax : PoolMode::kAvg;
@@ -173,7 +173,14 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
   static const std::int64_t limits[] = {std::int64_t{1} << 22, std::int64_t{1} << 22, 4096, 256, 16, 1, 65536,
                                         std::int64_t{1} << 22};
   o.max_samples_per_roi = limits[r.u8() % 8];
-  if (guard_off) o.max_samples_per_roi = std::numeric_limits<std::int64_t>::max();
+  if (guard_off) {
+    // The largest guard the library takes is 2^40 (products of it stay below 2^63); above it is
+    // an error.
+    static const std::int64_t raised[] = {std::int64_t{1} << 40, std::int64_t{1} << 40, (std::int64_t{1} << 40) + 1,
+                                          std::numeric_limits<std::int64_t>::max()};
+    o.max_samples_per_roi = raised[r.u8() % 4];
+    if (o.max_samples_per_roi > (std::int64_t{1} << 40)) expect_error(&e);
+  }
   if (r.one_in(48)) {
     o.max_samples_per_roi = r.one_in(2) ? 0 : -1;
     expect_error(&e);
