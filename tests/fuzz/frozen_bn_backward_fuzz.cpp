@@ -145,6 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     yv = has_y ? read_values(y.view) : std::vector<double>(gyv.size(), 0.0);
   }
 
+  announce();
   arena.arm();
   ErrorCode code{};
   std::string msg;

@@ -204,6 +204,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   describe("expect {}", expect_name(e));
   note_expect(e, false, placed || params_overlap_state);
 
+  announce();
   arena.arm();
   ErrorCode code{};
   std::string msg;

@@ -135,6 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     rv = has_residual ? read_values(res.view) : std::vector<double>(xv.size(), 0.0);
   }
 
+  announce();
   arena.arm();
   ErrorCode code{};
   std::string msg;

@@ -109,25 +109,39 @@ inline Stats& stats() {
   return s;
 }
 
-/// Starts a run: clears the case description and counts it. DETOPS_FUZZ_PRINT=1 prints each
-/// case's description (for choosing seeds, or reading what an input decodes to).
+/// DETOPS_FUZZ_PRINT=1: print what each input decodes to (for choosing seeds, or reading an
+/// input that hangs).
+inline bool print_cases() {
+  static const bool on = [] {
+    const char* env = std::getenv("DETOPS_FUZZ_PRINT");
+    return env && env[0] == '1';
+  }();
+  return on;
+}
+
+/// Starts a run: clears the case description and counts it.
 inline void begin_run() {
-  static const bool print = [] {
-    case_description();  // constructed before the exit handlers below are registered, so it outlives them
+  static const bool once = [] {
+    case_description();  // constructed before the handler below is registered, so it outlives it
 #if defined(DETOPS_FUZZ_ASAN)
     // A sanitizer report ends the process: print the case it was running first.
     __sanitizer_set_death_callback([] {
       std::fprintf(stderr, "---- case being run ----\n%s", case_description().c_str());
     });
 #endif
-    const char* env = std::getenv("DETOPS_FUZZ_PRINT");
-    const bool on = env && env[0] == '1';
-    if (on) std::atexit([] { std::fprintf(stderr, "---- case ----\n%s", case_description().c_str()); });
-    return on;
+    return true;
   }();
-  if (print && stats().runs > 0) std::fprintf(stderr, "---- case ----\n%s", case_description().c_str());
+  (void)once;
   case_description().clear();
   ++stats().runs;
+}
+
+/// Called just before the library call: the description is complete.
+inline void announce() {
+  if (print_cases()) {
+    std::fprintf(stderr, "---- case ----\n%s", case_description().c_str());
+    std::fflush(stderr);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

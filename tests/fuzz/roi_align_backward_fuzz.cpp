@@ -121,6 +121,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::vector<const Tensor4*> tensors = {&c.features, &c.rois, &c.pooled, &c.argmax};
 
   // The workspace query: writes nothing; its size covers what the mode needs.
+  announce();
   arena.arm();
   ErrorCode qcode{};
   std::string qmsg;

@@ -92,12 +92,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzAllocator alloc;
   const Context ctx = make_context(r, &alloc);
   describe("threads {}", ctx.num_threads);
+  announce();
   // Slow by design (large grids with the sample guard raised): not what this target is for.
   if (c.expect != Expect::kError && c.work > 4e6) {
     // Still validate: the workspace query checks every roi (grids, sample counts) without doing
     // the work, and must neither crash nor overflow nor write anything.
     ++stats().skipped;
-    arena.arm();
+    announce();
+  arena.arm();
     ErrorCode qcode{};
     std::string qmsg;
     run_call([&] { roi_align_backward_workspace_size(c.pooled.view, c.rois.view, c.features.view, c.opt, {}, ctx); },
