@@ -57,13 +57,7 @@
 #include <thread>
 #include <vector>
 
-#ifndef DETOPS_BENCH_CUDA
-#define DETOPS_BENCH_CUDA 0
-#endif
-#if DETOPS_BENCH_CUDA
-#include <cuda_runtime.h>
-#endif
-
+#include "bench_util.h"
 #include "detops/context.h"
 #include "detops/dtype.h"
 #include "detops/error.h"
@@ -73,6 +67,7 @@
 namespace {
 
 using namespace detops;
+using namespace detops::bench;  // fill_uniform, timed_loop, full_grid_requested, ...
 using Epi = FrozenBnEpilogue;
 
 // ---------------------------------------------------------------------------------------------
@@ -141,26 +136,6 @@ struct Config {
 
 // ---------------------------------------------------------------------------------------------
 // Inputs
-
-/// Fills a dense CPU tensor with uniform values in [lo, hi) in memory order (a fast LCG: the
-/// 28M-element tensors are built in a fraction of a second).
-void fill_uniform(const Tensor& t, std::uint64_t seed, float lo, float hi) {
-  std::uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  const std::int64_t n = t.numel();
-  const DType dt = t.view().dtype;
-  for (std::int64_t i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    const float u = static_cast<float>(s >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    const float v = lo + (hi - lo) * u;
-    switch (dt) {
-      case DType::kFloat32: t.data<float>()[i] = v; break;
-      case DType::kFloat64: t.data<double>()[i] = v; break;
-      case DType::kFloat16: t.data<Half>()[i] = Half(v); break;
-      case DType::kBFloat16: t.data<BFloat16>()[i] = BFloat16(v); break;
-      default: break;
-    }
-  }
-}
 
 Tensor param_tensor(std::int64_t C, std::uint64_t seed, float lo, float hi) {
   Tensor t = Tensor::empty({C}, DType::kFloat32);
@@ -261,66 +236,6 @@ void with_type(DType t, F&& f) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Timing
-
-#if DETOPS_BENCH_CUDA
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-
-/// Times each iteration with a pair of events around the op on its stream.
-class EventTimer {
- public:
-  explicit EventTimer(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
-    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
-  }
-  ~EventTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-
-  template <class F>
-  double seconds(F&& op) {
-    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    op();
-    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return ms * 1e-3;
-  }
-
- private:
-  cudaStream_t stream_;
-  cudaEvent_t start_{}, stop_{};
-};
-#endif
-
-/// Runs `op` in the timed loop: wall clock on the CPU, events on CUDA (one untimed call first).
-template <class F>
-void timed_loop(benchmark::State& state, const Config& c, const Context& ctx, F&& op) {
-  if (c.device.is_cpu()) {
-    for (auto _ : state) {
-      op();
-      benchmark::ClobberMemory();
-    }
-    return;
-  }
-#if DETOPS_BENCH_CUDA
-  op();
-  cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.cuda_stream)), "cudaStreamSynchronize");
-  EventTimer timer(ctx.cuda_stream);
-  for (auto _ : state) state.SetIterationTime(timer.seconds(op));
-#else
-  (void)ctx;
-  state.SkipWithError("CUDA benchmarks need DETOPS_BENCH_CUDA=1 (CUDA runtime header) at compile time");
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
 // The benchmarks
 
 /// Bytes read + written (see the file comment).
@@ -340,8 +255,7 @@ std::int64_t bytes_moved(const Config& c) {
 
 void bm(benchmark::State& state, const Config& c) {
   if (c.device.is_cuda()) {
-    static const int devices = cuda_compiled() ? cuda_device_count() : 0;
-    if (devices == 0) {
+    if (!have_cuda_device()) {
       state.SkipWithError("no CUDA device");
       return;
     }
@@ -353,7 +267,7 @@ void bm(benchmark::State& state, const Config& c) {
   switch (c.kind) {
     case Kind::kForward: {
       Tensor y = prepared(c);
-      timed_loop(state, c, ctx, [&] { in.fbn.forward(in.x, y, c.epi, res, ctx); });
+      timed_loop(state, c.device, ctx, [&] { in.fbn.forward(in.x, y, c.epi, res, ctx); });
       break;
     }
     case Kind::kBackward: {
@@ -361,23 +275,23 @@ void bm(benchmark::State& state, const Config& c) {
       if (c.epi != Epi::kNone) in.fbn.forward(in.x, y, c.epi, res, ctx);  // the mask, untimed
       if (c.epi == Epi::kAddRelu) gr = prepared(c);
       const TensorView yv = c.epi == Epi::kNone ? TensorView{} : y.view();
-      timed_loop(state, c, ctx, [&] { in.fbn.backward(in.grad_y, gx, c.epi, yv, gr, ctx); });
+      timed_loop(state, c.device, ctx, [&] { in.fbn.backward(in.grad_y, gx, c.epi, yv, gr, ctx); });
       break;
     }
     case Kind::kCopy: {
       Tensor y = prepared(c);
       const std::int64_t bytes = static_cast<std::int64_t>(in.x.nbytes());
       if (c.device.is_cpu()) {
-        timed_loop(state, c, ctx, [&] { copy_bytes_parallel(y.view().data, in.x.view().data, bytes, c.threads); });
+        timed_loop(state, c.device, ctx, [&] { copy_bytes_parallel(y.view().data, in.x.view().data, bytes, c.threads); });
       } else {
 #if DETOPS_BENCH_CUDA
-        timed_loop(state, c, ctx, [&] {
+        timed_loop(state, c.device, ctx, [&] {
           cuda_check(cudaMemcpyAsync(y.view().data, in.x.view().data, static_cast<std::size_t>(bytes),
                                      cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(ctx.cuda_stream)),
                      "cudaMemcpyAsync");
         });
 #else
-        timed_loop(state, c, ctx, [] {});
+        timed_loop(state, c.device, ctx, [] {});
 #endif
       }
       break;
@@ -390,14 +304,14 @@ void bm(benchmark::State& state, const Config& c) {
           using T = decltype(tag);
           T* yp = y.data<T>();
           const T* rp = in.residual.data<T>();
-          timed_loop(state, c, ctx, [&] {
+          timed_loop(state, c.device, ctx, [&] {
             in.fbn.forward(in.x, y, Epi::kNone, {}, ctx);
             if (c.epi == Epi::kAddRelu) add_pass(yp, rp, n, c.threads);
             relu_pass(yp, n, c.threads);
           });
         });
       } else {
-        timed_loop(state, c, ctx, [&] {
+        timed_loop(state, c.device, ctx, [&] {
           in.fbn.forward(in.x, y, Epi::kNone, {}, ctx);
           in.identity.forward(y, y, c.epi, res, ctx);  // the add and the ReLU, one more pass
         });
@@ -493,11 +407,6 @@ void register_cpu_default() {
     add(cfg(Kind::kBackward, kRes5, f32, l, add_relu, 2));
   }
   add(cfg(Kind::kForward, kRes5, f16, nhwc, add_relu, 2));
-}
-
-bool full_grid_requested() {
-  const char* v = std::getenv("DETOPS_BENCH_FULL");
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -64,6 +64,16 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t by
   if (dd.is_cuda()) DETOPS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy), "copy");
 }
 
+void copy_bytes_async(void* dst, Device dd, const void* src, Device sd, std::size_t bytes, void* stream) {
+  if (!bytes) return;
+  if (dd.is_cpu() && sd.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  DeviceGuard guard(dd.is_cuda() ? dd.index : sd.index, "copy");
+  DETOPS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "copy");
+}
+
 void cuda_stream_synchronize(Device d, void* stream) {
   DeviceGuard guard(d.index, "synchronize");
   DETOPS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "synchronize");

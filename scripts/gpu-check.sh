@@ -3,11 +3,15 @@
 # builds detops with the CUDA backend against the dependencies that scripts/stage-gpu-deps.sh put
 # in .deps/, runs every test (the gpu label included), runs the benchmarks into
 # benchmarks/results/gpu-<date>.json, compares with torchvision (benchmarks/compare_torchvision.py:
-# benchmarks/results/compare-gpu-<date>.{json,txt}), draws the charts (benchmarks/plot_results.py:
+# benchmarks/results/compare-gpu-<date>.{json,txt}), compares SyncBatchNorm with
+# torch.nn.BatchNorm2d training forward+backward (benchmarks/compare_torch_bn.py:
+# benchmarks/results/compare-bn-gpu-<date>.{json,txt}), draws the charts (benchmarks/plot_results.py:
 # benchmarks/results/roi_align_*-gpu-<date>.png, when matplotlib is there), and prints a summary
 # last (also kept as benchmarks/results/gpu-<date>-summary.txt). Each phase is timed.
 #   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
-#   BENCH_FILTER                --benchmark_filter regex (default: /cuda/ plus the f32 box-head CPU runs)
+#   BENCH_FILTER                --benchmark_filter regex (default: /cuda/ (every op's CUDA grid, SyncBN's
+#                               included) plus the f32 box-head RoIAlign CPU runs and SyncBN's res5 CPU
+#                               train step on one rank (t1, t2) and on two ThreadGroup ranks)
 #   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.2)
 #   BENCH_REPETITIONS           repetitions, for the medians (default 3)
 #   BENCH_TIMEOUT               seconds the benchmark run may take (default 300)
@@ -15,6 +19,9 @@
 #   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda --rounds 3
 #                               --tv-compile off; add cpu, or --tv-compile on, when there is time)
 #   COMPARE_TIMEOUT             seconds the comparison may take (default 300; rounds stop at 3/4 of it)
+#   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
+#                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.2)
+#   COMPARE_BN_TIMEOUT          seconds the SyncBN comparison may take (default 240; rounds stop at 3/4)
 #   GPU_CHECK_CMAKE_ARGS        extra configure arguments (e.g. '-DCMAKE_IGNORE_PREFIX_PATH=/usr;/'
 #                               to prove that only .deps/ is used)
 #   OUT                         when set, the logs, the JSON and the summary are copied there
@@ -32,6 +39,8 @@ date=$(date +%Y-%m-%d)
 bench_json=benchmarks/results/gpu-$date.json
 compare_json=benchmarks/results/compare-gpu-$date.json
 compare_txt=benchmarks/results/compare-gpu-$date.txt
+compare_bn_json=benchmarks/results/compare-bn-gpu-$date.json
+compare_bn_txt=benchmarks/results/compare-bn-gpu-$date.txt
 modes_png=benchmarks/results/roi_align_modes-gpu-$date.png
 vs_png=benchmarks/results/roi_align_vs_torchvision-gpu-$date.png
 python=${PYTHON:-python3}
@@ -95,7 +104,7 @@ run_benchmarks() {
               --benchmark_min_time="${BENCH_MIN_TIME:-0.2}"
               --benchmark_repetitions="${BENCH_REPETITIONS:-3}"
               --benchmark_report_aggregates_only=true)
-  args+=(--benchmark_filter="${BENCH_FILTER:-/cuda/|/cpu/f32/(nchw|nhwc)/box/sr2/avg}")
+  args+=(--benchmark_filter="${BENCH_FILTER:-/cuda/|/cpu/f32/(nchw|nhwc)/box/sr2/avg|^BM_SyncBn(TrainStep|ThreadGroup)/cpu/res5/f32/nchw/default/}")
   timeout "${BENCH_TIMEOUT:-300}" "$build/benchmarks/detops_bench" "${args[@]}"
 }
 
@@ -106,6 +115,16 @@ run_compare() {
   timeout "$limit" "$python" benchmarks/compare_torchvision.py --bench "$build/benchmarks/detops_bench" \
     --json "$compare_json" --table "$compare_txt" --max-seconds $((limit * 3 / 4)) \
     ${COMPARE_ARGS:---devices cuda --rounds 3 --tv-compile off}
+}
+
+# SyncBatchNorm (one rank) vs torch.nn.BatchNorm2d training forward+backward, alternating (no
+# torch: detops only, still 0).
+run_compare_bn() {
+  local limit=${COMPARE_BN_TIMEOUT:-240}
+  # shellcheck disable=SC2086  # COMPARE_BN_ARGS is a list of words
+  timeout "$limit" "$python" benchmarks/compare_torch_bn.py --bench "$build/benchmarks/detops_bench" \
+    --out "$compare_bn_json" --table "$compare_bn_txt" --max-seconds $((limit * 3 / 4)) \
+    ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.2}
 }
 
 # The charts; without matplotlib, nothing (make them where the JSON files are copied to).
@@ -166,6 +185,7 @@ if phase gtest "$logs/gtest.log" build_googletest &&
   if [[ -x $build/benchmarks/detops_bench ]]; then
     phase bench "$logs/bench.log" run_benchmarks
     phase compare "$logs/compare.log" run_compare
+    phase compare-bn "$logs/compare-bn.log" run_compare_bn
     [[ -s $compare_json ]] && phase plots "$logs/plots.log" run_plots
   else
     echo "gpu-check: $build/benchmarks/detops_bench was not built" | tee "$logs/bench.log"
@@ -183,7 +203,10 @@ fi
   echo
   if [[ -s $compare_txt ]]; then cat "$compare_txt"; else echo "(no torchvision comparison)"; fi
   echo
-  echo "benchmark JSON: $bench_json; comparison: $compare_json, $compare_txt; charts: $modes_png, $vs_png"
+  if [[ -s $compare_bn_txt ]]; then cat "$compare_bn_txt"; else echo "(no torch BatchNorm2d comparison)"; fi
+  echo
+  echo "benchmark JSON: $bench_json; comparisons: $compare_json, $compare_txt, $compare_bn_json, $compare_bn_txt;" \
+       "charts: $modes_png, $vs_png"
   echo "logs: $logs/"
   echo "gpu-check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED)"
 } > "$summary"
@@ -192,7 +215,8 @@ cp "$summary" "benchmarks/results/gpu-$date-summary.txt"
 if [[ -n "${OUT:-}" ]]; then
   mkdir -p "$OUT"
   for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
-           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png"; do
+           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png" \
+           "$logs/compare-bn.log" "$compare_bn_json" "$compare_bn_txt"; do
     [[ -f $f ]] && cp "$f" "$OUT/"
   done
 fi

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build                  # toolchain (nvcc, when present, is found by CMake)
   libfmt-dev libgtest-dev libbenchmark-dev           # fmt, GoogleTest (+ its sources), Google Benchmark
+  libopenmpi-dev openmpi-bin                         # detops::mpi and its multi-process tests (mpirun)
   python3 python3-numpy python3-torchvision python3-matplotlib   # golden vectors, plots
 )
 

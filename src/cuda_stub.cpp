@@ -5,6 +5,7 @@
 #include "internal/frozen_batch_norm_backend.h"
 #include "internal/roi_align_backend.h"
 #include "internal/runtime.h"
+#include "internal/sync_batch_norm_backend.h"
 
 namespace detops {
 namespace internal {
@@ -25,6 +26,9 @@ void copy_bytes(void* dst, Device dd, const void* src, Device sd, std::size_t by
   if (!dd.is_cpu() || !sd.is_cpu()) not_compiled("copy_bytes");
   if (bytes) std::memcpy(dst, src, bytes);
 }
+void copy_bytes_async(void* dst, Device dd, const void* src, Device sd, std::size_t bytes, void*) {
+  copy_bytes(dst, dd, src, sd, bytes);
+}
 void cuda_memset(void*, int, std::size_t, Device) { not_compiled("cuda_memset"); }
 void cuda_stream_synchronize(Device, void*) { not_compiled("cuda_stream_synchronize"); }
 
@@ -39,6 +43,36 @@ void roi_align_backward_cuda(const RoiAlignCall&, const RoiCheck&, const RoiAlig
 }
 
 void frozen_bn_cuda(const FrozenBnCall& call, const Context&) { not_compiled(call.op); }
+
+void sbn_local_scales_cuda(const TensorView&, const TensorView&, const double*, std::int64_t*, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_merge_scales_cuda(const std::int64_t*, std::int64_t, std::int64_t, std::int64_t*, Device, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_local_stats_cuda(const TensorView&, bool, const std::int64_t*, std::int64_t*, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_local_backward_cuda(const TensorView&, const TensorView&, const double*, bool, const std::int64_t*,
+                             std::int64_t*, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_finalize_cuda(const detail::SbnFinalizeArgs&, Device, const Context&) { not_compiled("sync_batch_norm"); }
+void sbn_finalize_backward_cuda(const detail::SbnBackwardFinalizeArgs&, Device, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_eval_stats_cuda(const detail::SbnParam&, const detail::SbnParam&, double, std::int64_t, double*, double*,
+                         Device, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_apply_cuda(const TensorView&, const detail::SbnParam&, const detail::SbnParam&, const double*, const double*,
+                    const TensorView&, const Context&) {
+  not_compiled("sync_batch_norm");
+}
+void sbn_backward_apply_cuda(const TensorView&, const TensorView&, const detail::SbnParam&, const double*,
+                             const double*, const double*, const TensorView&, const Context&) {
+  not_compiled("sync_batch_norm");
+}
 
 }  // namespace internal
 }  // namespace detops

@@ -182,6 +182,7 @@ double load_element(const void* base, DType dt, std::int64_t off) {
     case DType::kFloat16: return static_cast<float>(static_cast<const detops::Half*>(base)[off]);
     case DType::kBFloat16: return static_cast<float>(static_cast<const detops::BFloat16*>(base)[off]);
     case DType::kInt32: return static_cast<const std::int32_t*>(base)[off];
+    case DType::kInt64: return static_cast<double>(static_cast<const std::int64_t*>(base)[off]);
   }
   return 0;
 }
@@ -195,6 +196,7 @@ void store_element(void* base, DType dt, std::int64_t off, double v) {
       static_cast<detops::BFloat16*>(base)[off] = detops::from_double<detops::BFloat16>(v);
       break;
     case DType::kInt32: static_cast<std::int32_t*>(base)[off] = static_cast<std::int32_t>(v); break;
+    case DType::kInt64: static_cast<std::int64_t*>(base)[off] = static_cast<std::int64_t>(v); break;
   }
 }
 

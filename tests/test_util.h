@@ -38,6 +38,7 @@ inline void fill_from(const Tensor& t, const std::vector<double>& v) {
       case DType::kFloat16: static_cast<Half*>(w.data)[o] = from_double<Half>(x); break;
       case DType::kBFloat16: static_cast<BFloat16*>(w.data)[o] = from_double<BFloat16>(x); break;
       case DType::kInt32: static_cast<std::int32_t*>(w.data)[o] = static_cast<std::int32_t>(x); break;
+      case DType::kInt64: static_cast<std::int64_t*>(w.data)[o] = static_cast<std::int64_t>(x); break;
     }
   }
 }
@@ -65,6 +66,7 @@ inline std::vector<double> to_vector(const TensorView& w) {
       case DType::kFloat16: x = static_cast<float>(static_cast<const Half*>(w.data)[o]); break;
       case DType::kBFloat16: x = static_cast<float>(static_cast<const BFloat16*>(w.data)[o]); break;
       case DType::kInt32: x = static_cast<const std::int32_t*>(w.data)[o]; break;
+      case DType::kInt64: x = static_cast<double>(static_cast<const std::int64_t*>(w.data)[o]); break;
     }
     v[static_cast<std::size_t>(lin)] = x;
   }

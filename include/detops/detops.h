@@ -6,5 +6,7 @@
 #include "detops/error.h"
 #include "detops/frozen_batch_norm.h"
 #include "detops/roi_align.h"
+#include "detops/communicator.h"
+#include "detops/sync_batch_norm.h"
 #include "detops/tensor.h"
 #include "detops/version.h"

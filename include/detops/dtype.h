@@ -17,20 +17,22 @@
 
 namespace detops {
 
-/// Element type of a tensor. kInt32 is only used for index outputs (max-pool argmax).
-enum class DType : std::uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32 };
+/// Element type of a tensor. kInt32 is only used for index outputs (max-pool argmax); kInt64 for
+/// counters and SyncBatchNorm's statistics records (int64 words exchanged between ranks).
+enum class DType : std::uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
 
 /// Size of one element in bytes.
 constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
-    case DType::kFloat64: return 8;
+    case DType::kFloat64:
+    case DType::kInt64: return 8;
     case DType::kFloat16:
     case DType::kBFloat16: return 2;
     default: return 4;
   }
 }
 
-/// Name as used in error messages: "float32", "float64", "float16", "bfloat16", "int32".
+/// Name as used in error messages: "float32", "float64", "float16", "bfloat16", "int32", "int64".
 constexpr std::string_view dtype_name(DType t) noexcept {
   switch (t) {
     case DType::kFloat32: return "float32";
@@ -38,6 +40,7 @@ constexpr std::string_view dtype_name(DType t) noexcept {
     case DType::kFloat16: return "float16";
     case DType::kBFloat16: return "bfloat16";
     case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
   }
   return "unknown";
 }
@@ -176,6 +179,7 @@ template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloa
 template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat16; };
 template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
 template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::kInt32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::kInt64; };
 
 /// Load a stored element as its accumulation type, and store an accumulator back (RNE).
 template <class T> DETOPS_HOST_DEVICE inline acc_t<T> to_acc(T v) { return static_cast<acc_t<T>>(v); }

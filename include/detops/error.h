@@ -13,7 +13,8 @@ enum class ErrorCode {
   kInvalidArgument,  ///< an argument's shape, dtype, device, layout or value is wrong
   kOutOfMemory,      ///< an allocation failed, or a problem would need more memory than allowed
   kCudaError,        ///< a CUDA runtime call or kernel launch failed
-  kNotCompiled,      ///< the backend needed (CUDA) is not part of this build
+  kNotCompiled,      ///< the backend needed (CUDA, MPI, NCCL) is not part of this build
+  kCommunication,    ///< a collective failed or timed out, or the ranks disagree (SyncBatchNorm)
 };
 
 /// The exception detops throws. Thrown before any output is written: a failed call leaves its

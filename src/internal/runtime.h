@@ -19,6 +19,9 @@ void* cuda_malloc_async(std::size_t bytes, Device d, void* stream);
 void cuda_free_async(void* p, Device d, void* stream) noexcept;
 /// Synchronous copy between any two devices (host <-> device or device <-> device).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
+/// Copy ordered on `stream` (device memory on either side; host memory should be pinned for
+/// the copy to be asynchronous, pageable memory works too).
+void copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes, void* stream);
 void cuda_memset(void* p, int value, std::size_t bytes, Device d);
 /// Waits for the work queued on `stream` (one-time conversions that read device data on the host).
 void cuda_stream_synchronize(Device d, void* stream);

@@ -1,0 +1,200 @@
+// NcclCommunicator over a one-rank NCCL world (label gpu; every test skips without a device):
+//   - rank, size and device from the borrowed communicator, which is left alive;
+//   - all_gather of device buffers (ncclAllGather on the caller's stream) and of host buffers
+//     (staged through a device buffer), zero bytes, a device other than the communicator's refused;
+//   - SyncBatchNorm forward and backward on CUDA tensors over NcclCommunicator: the bits of the
+//     CPU backend with communicator nullptr (both modes, NCHW and NHWC, float32 and float64), and
+//     the same bits for CPU tensors over NcclCommunicator (the host-staging path).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "detops/nccl.h"
+#include "detops/sync_batch_norm.h"
+#include "test_util.h"
+
+namespace detops {
+namespace {
+
+#define DETOPS_REQUIRE_GPU()                                                                   \
+  do {                                                                                         \
+    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
+  } while (0)
+
+/// A one-rank NCCL world on device 0, destroyed by the test (the communicator only borrows it).
+class OneRankWorld {
+ public:
+  OneRankWorld() {
+    int device = 0;
+    result_ = ncclCommInitAll(&comm_, 1, &device);
+  }
+  ~OneRankWorld() {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+  bool ok() const { return result_ == ncclSuccess; }
+  std::string error() const { return ncclGetErrorString(result_); }
+  ncclComm_t comm() const { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  ncclResult_t result_ = ncclSuccess;
+};
+
+#define DETOPS_NCCL_WORLD(world)                                                  \
+  DETOPS_REQUIRE_GPU();                                                           \
+  OneRankWorld world;                                                             \
+  ASSERT_TRUE(world.ok()) << "ncclCommInitAll for one rank failed: " << world.error()
+
+TEST(NcclCommunicator, BorrowsTheCommunicator) {
+  DETOPS_NCCL_WORLD(world);
+  {
+    NcclCommunicator comm(world.comm());
+    EXPECT_EQ(comm.rank(), 0);
+    EXPECT_EQ(comm.size(), 1);
+    EXPECT_EQ(comm.cuda_device(), 0);
+    EXPECT_TRUE(comm.accepts_device_memory());
+    EXPECT_STREQ(comm.name(), "nccl");
+    EXPECT_EQ(comm.comm(), world.comm());
+  }
+  int count = 0;  // still usable after the NcclCommunicator is gone
+  EXPECT_EQ(ncclCommCount(world.comm(), &count), ncclSuccess);
+  EXPECT_EQ(count, 1);
+}
+
+TEST(NcclCommunicator, NullCommIsInvalidArgument) {
+  try {
+    NcclCommunicator comm(nullptr);
+    FAIL() << "a null communicator was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+}
+
+TEST(NcclCommunicator, AllGatherDeviceAndHost) {
+  DETOPS_NCCL_WORLD(world);
+  NcclCommunicator comm(world.comm());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  std::vector<unsigned char> send(1001), recv(1001 + 8, 0xAB);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<unsigned char>(i * 7 + 3);
+
+  // Host memory: staged, complete on return.
+  comm.all_gather(send.data(), recv.data(), send.size(), Device::cpu(), nullptr);
+  EXPECT_EQ(std::memcmp(recv.data(), send.data(), send.size()), 0);
+  for (std::size_t i = send.size(); i < recv.size(); ++i) EXPECT_EQ(recv[i], 0xAB) << "written past the end at " << i;
+
+  // Device memory: enqueued on the stream.
+  void *d_send = nullptr, *d_recv = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_send, send.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_recv, send.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_send, send.data(), send.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d_recv, 0, send.size()), cudaSuccess);
+  comm.all_gather(d_send, d_recv, send.size(), Device::cuda(0), stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<unsigned char> back(send.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), d_recv, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, send);
+
+  comm.all_gather(d_send, d_recv, 0, Device::cuda(0), stream);  // zero bytes: nothing to do
+  try {
+    comm.all_gather(d_send, d_recv, 8, Device::cuda(1), stream);
+    ADD_FAILURE() << "a device other than the communicator's was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+  }
+  cudaFree(d_send);
+  cudaFree(d_recv);
+  cudaStreamDestroy(stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SyncBatchNorm over NcclCommunicator == CPU with communicator nullptr, bit for bit.
+
+constexpr std::int64_t kN = 3, kC = 6, kH = 7, kW = 5;
+
+struct Result {
+  Tensor y, save_mean, save_invstd, running_mean, running_var, nbt, grad_x, grad_weight, grad_bias;
+  std::vector<Tensor*> all() { return {&y, &save_mean, &save_invstd, &running_mean, &running_var, &nbt, &grad_x,
+                                       &grad_weight, &grad_bias}; }
+};
+
+Result run(Device device, DType dtype, Layout layout, SyncBnMode mode, Communicator* comm, void* stream) {
+  const std::size_t numel = static_cast<std::size_t>(kN * kC * kH * kW);
+  std::vector<double> xv = test::random_values(numel, 91, -2.0, 2.0);
+  for (std::size_t i = 0; i < numel; ++i)
+    if ((i / (kH * kW)) % kC == 2) xv[i] += 1e4;  // one channel with a large mean
+  const Tensor x = test::make_tensor({kN, kC, kH, kW}, dtype, xv, layout).to(device);
+  const Tensor dy = test::make_tensor({kN, kC, kH, kW}, dtype, test::random_values(numel, 92), layout).to(device);
+  const Tensor weight = test::make_tensor({kC}, DType::kFloat32, test::random_values(kC, 93, 0.5, 1.5)).to(device);
+  const Tensor bias = test::make_tensor({kC}, DType::kFloat32, test::random_values(kC, 94)).to(device);
+  Result r;
+  r.y = Tensor::zeros({kN, kC, kH, kW}, dtype, device, layout);
+  r.grad_x = Tensor::zeros({kN, kC, kH, kW}, dtype, device, layout);
+  r.save_mean = Tensor::zeros({kC}, DType::kFloat64, device);
+  r.save_invstd = Tensor::zeros({kC}, DType::kFloat64, device);
+  r.running_mean = Tensor::zeros({kC}, DType::kFloat32, device);
+  r.running_var = test::make_tensor({kC}, DType::kFloat32, std::vector<double>(kC, 1.0)).to(device);
+  r.nbt = Tensor::zeros({1}, DType::kInt64, device);
+  r.grad_weight = Tensor::zeros({kC}, DType::kFloat32, device);
+  r.grad_bias = Tensor::zeros({kC}, DType::kFloat32, device);
+  SyncBnParams params;
+  params.weight = weight;
+  params.bias = bias;
+  params.running_mean = r.running_mean;
+  params.running_var = r.running_var;
+  params.num_batches_tracked = r.nbt;
+  SyncBnOptions opts;
+  opts.mode = mode;
+  Context ctx;
+  ctx.cuda_stream = stream;
+  sync_batch_norm_forward(x, params, r.y, r.save_mean, r.save_invstd, comm, opts, ctx);
+  sync_batch_norm_backward(dy, x, weight, r.save_mean, r.save_invstd, r.grad_x, r.grad_weight, r.grad_bias, comm, opts,
+                           ctx);
+  if (device.is_cuda()) {
+    EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+    for (Tensor* t : r.all()) *t = t->to(Device::cpu());
+  }
+  return r;
+}
+
+using Param = std::tuple<SyncBnMode, Layout, DType>;
+class NcclSyncBatchNorm : public ::testing::TestWithParam<Param> {};
+
+TEST_P(NcclSyncBatchNorm, CudaOverNcclIsTheCpuBits) {
+  DETOPS_NCCL_WORLD(world);
+  const auto [mode, layout, dtype] = GetParam();
+  NcclCommunicator comm(world.comm());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Result cpu = run(Device::cpu(), dtype, layout, mode, nullptr, nullptr);
+  Result cuda = run(Device::cuda(0), dtype, layout, mode, &comm, stream);
+  Result staged = run(Device::cpu(), dtype, layout, mode, &comm, nullptr);  // CPU tensors, host staging
+  const char* names[] = {"y", "save_mean", "save_invstd", "running_mean", "running_var", "num_batches_tracked",
+                         "grad_x", "grad_weight", "grad_bias"};
+  const auto a = cpu.all(), b = cuda.all(), c = staged.all();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(test::same_bytes(*a[i], *b[i])) << names[i] << ": CUDA over NCCL differs from the CPU bits";
+    EXPECT_TRUE(test::same_bytes(*a[i], *c[i])) << names[i] << ": CPU over NCCL differs from the CPU bits";
+  }
+  EXPECT_EQ(*cuda.nbt.data<std::int64_t>(), 1);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, NcclSyncBatchNorm,
+                         ::testing::Combine(::testing::Values(SyncBnMode::kDefault, SyncBnMode::kExact),
+                                            ::testing::Values(Layout::kNCHW, Layout::kNHWC),
+                                            ::testing::Values(DType::kFloat32, DType::kFloat64)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::string(std::get<0>(info.param) == SyncBnMode::kExact ? "exact" : "default") +
+                                  (std::get<1>(info.param) == Layout::kNHWC ? "_nhwc_" : "_nchw_") +
+                                  std::string(dtype_name(std::get<2>(info.param)));
+                         });
+
+}  // namespace
+}  // namespace detops

@@ -1,0 +1,854 @@
+// SyncBatchNorm on the CPU: against a float64 reference and finite differences, bitwise
+// invariance (layouts, thread counts, repeated runs, ranks), in-process groups of 1-4 ranks with
+// unequal and empty splits (exact mode: the same bits as one process), large means, the edge
+// counts 0 and 1, the rank-agreement header, failing ranks and timeouts, the phases API, and the
+// bad-input matrix.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "detops/detail/sync_batch_norm_math.h"
+#include "detops/detops.h"
+#include "test_util.h"
+
+namespace detops {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+using test::same_bytes;
+using test::to_vector;
+
+// ---------------------------------------------------------------------------------------------
+// A problem and its float64 reference
+
+struct Problem {
+  std::int64_t N, C, H, W;
+  std::vector<double> x, dy, weight, bias, rm, rv;
+};
+
+Problem make_problem(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, std::uint64_t seed,
+                     double mean_offset = 0.0) {
+  Problem p{N, C, H, W, {}, {}, {}, {}, {}, {}};
+  const auto n = static_cast<std::size_t>(N * C * H * W);
+  p.x = random_values(n, seed, -2.0, 3.0);
+  // channel c has its own scale and offset; channel 0 gets mean_offset (large-mean tests)
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t c = (static_cast<std::int64_t>(i) / (H * W)) % C;
+    p.x[i] = p.x[i] * (0.5 + 0.25 * static_cast<double>(c % 4)) + (c == 0 ? mean_offset : 0.1 * static_cast<double>(c));
+  }
+  p.dy = random_values(n, seed + 1, -1.0, 1.0);
+  p.weight = random_values(static_cast<std::size_t>(C), seed + 2, 0.5, 1.5);
+  p.bias = random_values(static_cast<std::size_t>(C), seed + 3, -0.5, 0.5);
+  p.rm = random_values(static_cast<std::size_t>(C), seed + 4, -0.1, 0.1);
+  p.rv = random_values(static_cast<std::size_t>(C), seed + 5, 0.5, 2.0);
+  return p;
+}
+
+struct Reference {
+  std::vector<double> mean, invstd, y, dx, dw, db, rm, rv;
+};
+
+Reference reference(const Problem& p, double eps, double momentum) {
+  Reference r;
+  const std::int64_t HW = p.H * p.W, n = p.N * HW;
+  auto at = [&](const std::vector<double>& v, std::int64_t b, std::int64_t c, std::int64_t s) {
+    return v[static_cast<std::size_t>((b * p.C + c) * HW + s)];
+  };
+  r.y.resize(p.x.size());
+  r.dx.resize(p.x.size());
+  for (std::int64_t c = 0; c < p.C; ++c) {
+    long double s = 0;
+    for (std::int64_t b = 0; b < p.N; ++b)
+      for (std::int64_t q = 0; q < HW; ++q) s += at(p.x, b, c, q);
+    const double mean = n ? static_cast<double>(s / n) : 0.0;
+    long double m2 = 0, sdy = 0, sdyx = 0;
+    for (std::int64_t b = 0; b < p.N; ++b)
+      for (std::int64_t q = 0; q < HW; ++q) {
+        const long double d = static_cast<long double>(at(p.x, b, c, q)) - mean;
+        m2 += d * d;
+        sdy += at(p.dy, b, c, q);
+        sdyx += at(p.dy, b, c, q) * d;
+      }
+    const double var = n ? static_cast<double>(m2 / n) : 0.0;
+    const double invstd = n ? 1.0 / std::sqrt(var + eps) : 0.0;
+    r.mean.push_back(mean);
+    r.invstd.push_back(invstd);
+    const double w = p.weight[static_cast<std::size_t>(c)], bb = p.bias[static_cast<std::size_t>(c)];
+    for (std::int64_t b = 0; b < p.N; ++b)
+      for (std::int64_t q = 0; q < HW; ++q) {
+        const auto i = static_cast<std::size_t>((b * p.C + c) * HW + q);
+        r.y[i] = (p.x[i] - mean) * invstd * w + bb;
+        r.dx[i] = static_cast<double>((p.dy[i] - sdy / n - (p.x[i] - mean) * invstd * invstd * sdyx / n) * w * invstd);
+      }
+    r.dw.push_back(static_cast<double>(sdyx) * invstd);
+    r.db.push_back(static_cast<double>(sdy));
+    const double unbiased = n > 1 ? static_cast<double>(m2 / (n - 1)) : 0.0;
+    r.rm.push_back(n > 1 ? (1 - momentum) * p.rm[static_cast<std::size_t>(c)] + momentum * mean : p.rm[static_cast<std::size_t>(c)]);
+    r.rv.push_back(n > 1 ? (1 - momentum) * p.rv[static_cast<std::size_t>(c)] + momentum * unbiased : p.rv[static_cast<std::size_t>(c)]);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running detops on a problem, one rank's slice of the batch
+
+struct Result {
+  Tensor y, mean, invstd, dx, dw, db, rm, rv, nbt;
+};
+
+/// Tensors of the whole problem in one dtype and layout; a rank uses a view of images [n0, n1).
+struct Inputs {
+  Tensor x, dy;
+  Inputs(const Problem& p, DType dt, Layout layout)
+      : x(make_tensor({p.N, p.C, p.H, p.W}, dt, p.x, layout)), dy(make_tensor({p.N, p.C, p.H, p.W}, dt, p.dy, layout)) {}
+};
+
+TensorView slice(const TensorView& v, std::int64_t n0, std::int64_t n1) {
+  TensorView s = v;
+  s.sizes[0] = n1 - n0;
+  if (n1 > n0) s.data = static_cast<char*>(v.data) + n0 * v.strides[0] * static_cast<std::int64_t>(dtype_size(v.dtype));
+  return s;
+}
+
+/// Forward + backward on images [n0, n1) of `in` over comm.
+Result run(const Problem& p, const Inputs& in, std::int64_t n0, std::int64_t n1, Communicator* comm,
+           const SyncBnOptions& o, const Context& ctx = {}, DType param_dtype = DType::kFloat32) {
+  const TensorView xs = slice(in.x, n0, n1), dys = slice(in.dy, n0, n1);
+  Result r;
+  const Layout layout = in.x.view().layout();
+  r.y = Tensor::zeros({n1 - n0, p.C, p.H, p.W}, xs.dtype, Device::cpu(), layout);
+  r.dx = Tensor::zeros({n1 - n0, p.C, p.H, p.W}, xs.dtype, Device::cpu(), layout);
+  r.mean = Tensor::zeros({p.C}, DType::kFloat64);
+  r.invstd = Tensor::zeros({p.C}, DType::kFloat64);
+  r.dw = Tensor::zeros({p.C}, param_dtype);
+  r.db = Tensor::zeros({p.C}, param_dtype);
+  r.rm = make_tensor({p.C}, param_dtype, p.rm);
+  r.rv = make_tensor({p.C}, param_dtype, p.rv);
+  r.nbt = Tensor::zeros({1}, DType::kInt64);
+  const Tensor w = make_tensor({p.C}, param_dtype, p.weight), b = make_tensor({p.C}, param_dtype, p.bias);
+  SyncBnParams params{w, b, r.rm, r.rv, r.nbt};
+  sync_batch_norm_forward(xs, params, r.y, r.mean, r.invstd, comm, o, ctx);
+  sync_batch_norm_backward(dys, xs, w, r.mean, r.invstd, r.dx, r.dw, r.db, comm, o, ctx);
+  return r;
+}
+
+/// Runs `ranks` threads of a ThreadGroup, rank r on images [split[r], split[r + 1]).
+std::vector<Result> run_group(const Problem& p, const Inputs& in, const std::vector<std::int64_t>& split,
+                              const SyncBnOptions& o) {
+  const int ranks = static_cast<int>(split.size()) - 1;
+  ThreadGroup group(ranks, std::chrono::seconds(30));
+  std::vector<Result> out(static_cast<std::size_t>(ranks));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        Context ctx;
+        ctx.num_threads = 1;
+        out[static_cast<std::size_t>(r)] =
+            run(p, in, split[static_cast<std::size_t>(r)], split[static_cast<std::size_t>(r) + 1], comm.get(), o, ctx);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        group.abort("a rank failed");
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1.0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  double worst = 0.0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(got[i] - want[i]);
+    if (!(e <= worst)) worst = e, at = i;
+  }
+  EXPECT_LE(worst, tol * scale) << what << ": worst at " << at << " got " << got[at] << " want " << want[at];
+}
+
+/// Images [n0, n1) of an NCHW-ordered vector.
+std::vector<double> images(const Problem& p, const std::vector<double>& v, std::int64_t n0, std::int64_t n1) {
+  const std::int64_t per = p.C * p.H * p.W;
+  return {v.begin() + n0 * per, v.begin() + n1 * per};
+}
+
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::kFloat64: return 1e-12;
+    case DType::kFloat32: return 2e-6;
+    case DType::kFloat16: return 2e-3;
+    default: return 1.6e-2;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against the float64 reference
+
+struct RefCase {
+  DType dtype;
+  Layout layout;
+  SyncBnMode mode;
+};
+
+class SyncBnReference : public ::testing::TestWithParam<RefCase> {};
+
+TEST_P(SyncBnReference, MatchesFloat64Reference) {
+  const RefCase k = GetParam();
+  for (const auto& shape : std::vector<std::array<std::int64_t, 4>>{{2, 5, 7, 9}, {3, 3, 17, 19}, {1, 2, 1, 2}, {4, 16, 4, 4}}) {
+    const Problem p = make_problem(shape[0], shape[1], shape[2], shape[3], 7 + shape[2]);
+    // compare against the reference of the values as stored (rounded to the dtype)
+    Problem q = p;
+    const Inputs in(p, k.dtype, k.layout);
+    q.x = to_vector(in.x);
+    q.dy = to_vector(in.dy);
+    q.weight = to_vector(make_tensor({p.C}, DType::kFloat32, p.weight));
+    q.bias = to_vector(make_tensor({p.C}, DType::kFloat32, p.bias));
+    q.rm = to_vector(make_tensor({p.C}, DType::kFloat32, p.rm));
+    q.rv = to_vector(make_tensor({p.C}, DType::kFloat32, p.rv));
+    SyncBnOptions o;
+    o.mode = k.mode;
+    const Reference ref = reference(q, o.eps, 0.1);
+    const Result r = run(p, in, 0, p.N, nullptr, o);
+    const double stat_tol = k.mode == SyncBnMode::kExact ? 1e-12 : 1e-14;
+    expect_close(to_vector(r.mean), ref.mean, stat_tol, "mean");
+    expect_close(to_vector(r.invstd), ref.invstd, 1e-12, "invstd");
+    // the exact mode rounds values to 2^-44 of the channel's max |x|: float64 results carry that
+    // (relative to max |x| / std, large for the two-element channels of [1, 2, 1, 2])
+    const double tol = k.mode == SyncBnMode::kExact && k.dtype == DType::kFloat64 ? 1e-9 : tolerance(k.dtype);
+    expect_close(to_vector(r.y), ref.y, tol, "y");
+    expect_close(to_vector(r.dx), ref.dx, tol, "grad_x");
+    expect_close(to_vector(r.dw), ref.dw, 2e-6, "grad_weight");
+    expect_close(to_vector(r.db), ref.db, 2e-6, "grad_bias");
+    expect_close(to_vector(r.rm), ref.rm, 2e-7, "running_mean");
+    expect_close(to_vector(r.rv), ref.rv, 2e-7, "running_var");
+    EXPECT_EQ(to_vector(r.nbt)[0], 1.0);
+  }
+}
+
+std::vector<RefCase> ref_cases() {
+  std::vector<RefCase> v;
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16})
+    for (Layout l : {Layout::kNCHW, Layout::kNHWC})
+      for (SyncBnMode m : {SyncBnMode::kDefault, SyncBnMode::kExact}) v.push_back({dt, l, m});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SyncBnReference, ::testing::ValuesIn(ref_cases()), [](const auto& info) {
+  return std::string(dtype_name(info.param.dtype)) + (info.param.layout == Layout::kNHWC ? "_nhwc" : "_nchw") +
+         (info.param.mode == SyncBnMode::kExact ? "_exact" : "_default");
+});
+
+// Finite differences of L = sum(y * g) in float64.
+TEST(SyncBn, GradientsMatchFiniteDifferences) {
+  const Problem p = make_problem(2, 3, 3, 4, 99);
+  const std::vector<double> g = p.dy;
+  auto loss = [&](const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b) {
+    const Tensor xt = make_tensor({p.N, p.C, p.H, p.W}, DType::kFloat64, x);
+    const Tensor y = Tensor::zeros({p.N, p.C, p.H, p.W}, DType::kFloat64);
+    const Tensor m = Tensor::zeros({p.C}, DType::kFloat64), is = Tensor::zeros({p.C}, DType::kFloat64);
+    const Tensor wt = make_tensor({p.C}, DType::kFloat64, w), bt = make_tensor({p.C}, DType::kFloat64, b);
+    sync_batch_norm_forward(xt, SyncBnParams{wt, bt, {}, {}, {}}, y, m, is);
+    const auto yv = to_vector(y);
+    long double s = 0;
+    for (std::size_t i = 0; i < yv.size(); ++i) s += yv[i] * g[i];
+    return static_cast<double>(s);
+  };
+  const Tensor x = make_tensor({p.N, p.C, p.H, p.W}, DType::kFloat64, p.x);
+  const Tensor dy = make_tensor({p.N, p.C, p.H, p.W}, DType::kFloat64, g);
+  const Tensor w = make_tensor({p.C}, DType::kFloat64, p.weight), b = make_tensor({p.C}, DType::kFloat64, p.bias);
+  const Tensor y = Tensor::zeros({p.N, p.C, p.H, p.W}, DType::kFloat64), dx = Tensor::zeros({p.N, p.C, p.H, p.W}, DType::kFloat64);
+  const Tensor m = Tensor::zeros({p.C}, DType::kFloat64), is = Tensor::zeros({p.C}, DType::kFloat64);
+  const Tensor dw = Tensor::zeros({p.C}, DType::kFloat64), db = Tensor::zeros({p.C}, DType::kFloat64);
+  sync_batch_norm_forward(x, SyncBnParams{w, b, {}, {}, {}}, y, m, is);
+  sync_batch_norm_backward(dy, x, w, m, is, dx, dw, db);
+  const double h = 1e-6;
+  const auto gx = to_vector(dx), gw = to_vector(dw), gb = to_vector(db);
+  for (std::size_t i = 0; i < p.x.size(); i += 5) {
+    auto xp = p.x, xm = p.x;
+    xp[i] += h, xm[i] -= h;
+    EXPECT_NEAR(gx[i], (loss(xp, p.weight, p.bias) - loss(xm, p.weight, p.bias)) / (2 * h), 1e-6) << "x[" << i << "]";
+  }
+  for (std::size_t c = 0; c < static_cast<std::size_t>(p.C); ++c) {
+    auto wp = p.weight, wm = p.weight, bp = p.bias, bm = p.bias;
+    wp[c] += h, wm[c] -= h, bp[c] += h, bm[c] -= h;
+    EXPECT_NEAR(gw[c], (loss(p.x, wp, p.bias) - loss(p.x, wm, p.bias)) / (2 * h), 1e-6) << "weight[" << c << "]";
+    EXPECT_NEAR(gb[c], (loss(p.x, p.weight, bp) - loss(p.x, p.weight, bm)) / (2 * h), 1e-6) << "bias[" << c << "]";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bitwise invariance
+
+void expect_same(const Result& a, const Result& b, const std::string& what, bool outputs = true) {
+  EXPECT_TRUE(same_bytes(a.mean, b.mean)) << what << ": save_mean";
+  EXPECT_TRUE(same_bytes(a.invstd, b.invstd)) << what << ": save_invstd";
+  EXPECT_TRUE(same_bytes(a.rm, b.rm)) << what << ": running_mean";
+  EXPECT_TRUE(same_bytes(a.rv, b.rv)) << what << ": running_var";
+  if (!outputs) return;
+  EXPECT_EQ(to_vector(a.y), to_vector(b.y)) << what << ": y";
+  EXPECT_EQ(to_vector(a.dx), to_vector(b.dx)) << what << ": grad_x";
+  EXPECT_TRUE(same_bytes(a.dw, b.dw)) << what << ": grad_weight";
+  EXPECT_TRUE(same_bytes(a.db, b.db)) << what << ": grad_bias";
+}
+
+TEST(SyncBn, LayoutsThreadsAndRunsGiveTheSameBits) {
+  // 300 positions per image: two chunks, the second one partial
+  const Problem p = make_problem(3, 20, 15, 20, 5);
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat64})
+    for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+      SyncBnOptions o;
+      o.mode = mode;
+      const Inputs nchw(p, dt, Layout::kNCHW), nhwc(p, dt, Layout::kNHWC);
+      Context one, three;
+      one.num_threads = 1;
+      three.num_threads = 3;
+      const Result a = run(p, nchw, 0, p.N, nullptr, o, one);
+      expect_same(a, run(p, nchw, 0, p.N, nullptr, o, three), "NCHW 1 vs 3 threads");
+      expect_same(a, run(p, nhwc, 0, p.N, nullptr, o, one), "NCHW vs NHWC");
+      expect_same(a, run(p, nhwc, 0, p.N, nullptr, o, three), "NCHW vs NHWC 3 threads");
+      for (int i = 0; i < 3; ++i) expect_same(a, run(p, nchw, 0, p.N, nullptr, o, three), "repeat");
+    }
+}
+
+TEST(SyncBn, StridedViewsGiveTheSameBits) {
+  const Problem p = make_problem(2, 4, 9, 11, 17);
+  // x as a [2, 4, 9, 11] view into a [2, 4, 9, 13] buffer (padded rows)
+  const Tensor big = make_tensor({2, 4, 9, 13}, DType::kFloat32, random_values(2 * 4 * 9 * 13, 3));
+  TensorView xv = big.view();
+  xv.sizes[3] = 11;
+  const Tensor dense = make_tensor({2, 4, 9, 11}, DType::kFloat32, to_vector(xv));
+  const Tensor w = make_tensor({p.C}, DType::kFloat32, p.weight), b = make_tensor({p.C}, DType::kFloat32, p.bias);
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    const Tensor y1 = Tensor::zeros({2, 4, 9, 11}, DType::kFloat32), y2 = Tensor::zeros({2, 4, 9, 11}, DType::kFloat32);
+    const Tensor m1 = Tensor::zeros({4}, DType::kFloat64), m2 = Tensor::zeros({4}, DType::kFloat64);
+    const Tensor i1 = Tensor::zeros({4}, DType::kFloat64), i2 = Tensor::zeros({4}, DType::kFloat64);
+    sync_batch_norm_forward(xv, SyncBnParams{w, b, {}, {}, {}}, y1, m1, i1, nullptr, o);
+    sync_batch_norm_forward(dense, SyncBnParams{w, b, {}, {}, {}}, y2, m2, i2, nullptr, o);
+    EXPECT_TRUE(same_bytes(m1, m2));
+    EXPECT_TRUE(same_bytes(i1, i2));
+    EXPECT_TRUE(same_bytes(y1, y2));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process groups
+
+struct GroupCase {
+  std::vector<std::int64_t> split;  // image boundaries, one more than the ranks
+};
+
+class SyncBnGroup : public ::testing::TestWithParam<GroupCase> {};
+
+TEST_P(SyncBnGroup, MatchesOneProcess) {
+  const auto& split = GetParam().split;
+  const Problem p = make_problem(split.back(), 6, 7, 5, 1234, 50.0);
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC})
+    for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+      SyncBnOptions o;
+      o.mode = mode;
+      const Inputs in(p, DType::kFloat32, layout);
+      const Result whole = run(p, in, 0, p.N, nullptr, o);
+      const std::vector<Result> parts = run_group(p, in, split, o);
+      const std::vector<Result> again = run_group(p, in, split, o);
+      const auto want_y = to_vector(whole.y), want_dx = to_vector(whole.dx);
+      for (std::size_t r = 0; r < parts.size(); ++r) {
+        const std::string what = "rank " + std::to_string(r) + (mode == SyncBnMode::kExact ? " exact" : " default");
+        // every rank holds the same statistics, and repeated runs give the same bits
+        expect_same(parts[r], parts[0], what + " vs rank 0", false);
+        expect_same(parts[r], again[r], what + " repeated");
+        const std::int64_t n0 = split[r], n1 = split[r + 1];
+        const auto wy = images(p, want_y, n0, n1), wdx = images(p, want_dx, n0, n1);
+        if (mode == SyncBnMode::kExact) {
+          expect_same(parts[r], whole, what + " vs one process", false);
+          EXPECT_EQ(to_vector(parts[r].y), wy) << what;
+          EXPECT_EQ(to_vector(parts[r].dx), wdx) << what;
+        } else {
+          expect_close(to_vector(parts[r].mean), to_vector(whole.mean), 1e-14, "mean");
+          expect_close(to_vector(parts[r].invstd), to_vector(whole.invstd), 1e-13, "invstd");
+          expect_close(to_vector(parts[r].rv), to_vector(whole.rv), 1e-7, "running_var");
+          expect_close(to_vector(parts[r].y), wy, 1e-6, "y");
+          expect_close(to_vector(parts[r].dx), wdx, 1e-6, "grad_x");
+        }
+      }
+      // the ranks' parameter gradients add up to the whole batch's
+      std::vector<double> dw(static_cast<std::size_t>(p.C)), db(static_cast<std::size_t>(p.C));
+      for (const auto& r : parts) {
+        const auto a = to_vector(r.dw), b = to_vector(r.db);
+        for (std::size_t c = 0; c < dw.size(); ++c) dw[c] += a[c], db[c] += b[c];
+      }
+      expect_close(dw, to_vector(whole.dw), 1e-5, "sum of grad_weight");
+      expect_close(db, to_vector(whole.db), 1e-5, "sum of grad_bias");
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, SyncBnGroup,
+                         ::testing::Values(GroupCase{{0, 5}}, GroupCase{{0, 2, 5}}, GroupCase{{0, 1, 1, 5}},
+                                           GroupCase{{0, 0, 3, 4, 5}}, GroupCase{{0, 4, 4, 4, 5}}),
+                         [](const auto& info) {
+                           std::string s = "ranks" + std::to_string(info.param.split.size() - 1);
+                           for (std::size_t i = 1; i < info.param.split.size(); ++i)
+                             s += "_" + std::to_string(info.param.split[i] - info.param.split[i - 1]);
+                           return s;
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Numerics and edge counts
+
+TEST(SyncBn, LargeMeanHasNoCancellation) {
+  // mean 1e4, std ~0.7: E[x^2] - E[x]^2 in float32 would lose every digit of the variance
+  const Problem p = make_problem(4, 2, 16, 16, 77, 1e4);
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+    Problem q = p;
+    q.x = to_vector(in.x);
+    const Reference ref = reference(q, o.eps, 0.1);
+    const Result r = run(p, in, 0, p.N, nullptr, o);
+    const auto invstd = to_vector(r.invstd);
+    EXPECT_NEAR(invstd[0], ref.invstd[0], 1e-12 * ref.invstd[0]);
+    const auto split = run_group(p, in, {0, 1, 3, 4}, o);
+    EXPECT_NEAR(to_vector(split[1].invstd)[0], ref.invstd[0], 1e-12 * ref.invstd[0]);
+  }
+}
+
+TEST(SyncBn, EmptyGlobalBatchAndSingleElement) {
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    // every rank empty: statistics 0, running statistics untouched, no NaN
+    const Problem p = make_problem(2, 3, 2, 2, 3);
+    const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+    for (const auto& r : run_group(p, in, {0, 0, 0}, o)) {
+      EXPECT_EQ(to_vector(r.mean), std::vector<double>(3, 0.0));
+      EXPECT_EQ(to_vector(r.invstd), std::vector<double>(3, 0.0));
+      EXPECT_EQ(to_vector(r.rm), to_vector(make_tensor({3}, DType::kFloat32, p.rm)));
+      EXPECT_EQ(to_vector(r.nbt)[0], 0.0);
+    }
+    // one element per channel in all: var 0, y = bias, running statistics untouched
+    const Problem one = make_problem(1, 3, 1, 1, 4);
+    const Inputs in1(one, DType::kFloat32, Layout::kNCHW);
+    const auto rs = run_group(one, in1, {0, 0, 1}, o);
+    for (const auto& r : rs) {
+      EXPECT_EQ(to_vector(r.mean), to_vector(in1.x));
+      EXPECT_EQ(to_vector(r.rv), to_vector(make_tensor({3}, DType::kFloat32, one.rv)));
+      EXPECT_EQ(to_vector(r.nbt)[0], 0.0);
+    }
+    EXPECT_EQ(to_vector(rs[1].y), to_vector(make_tensor({3}, DType::kFloat32, one.bias)));
+    for (double v : to_vector(rs[1].dx)) EXPECT_EQ(v, 0.0);
+  }
+}
+
+TEST(SyncBn, CumulativeAverageWithoutMomentum) {
+  const Problem a = make_problem(2, 2, 3, 3, 10), b = make_problem(2, 2, 3, 3, 11);
+  SyncBnOptions o;
+  o.momentum.reset();
+  const Tensor rm = Tensor::zeros({2}, DType::kFloat64), rv = make_tensor({2}, DType::kFloat64, {1.0, 1.0});
+  const Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+  const Tensor m = Tensor::zeros({2}, DType::kFloat64), is = Tensor::zeros({2}, DType::kFloat64);
+  std::vector<double> means[2];
+  int i = 0;
+  for (const Problem* p : {&a, &b}) {
+    const Tensor x = make_tensor({2, 2, 3, 3}, DType::kFloat64, p->x), y = Tensor::zeros({2, 2, 3, 3}, DType::kFloat64);
+    sync_batch_norm_forward(x, SyncBnParams{{}, {}, rm, rv, nbt}, y, m, is, nullptr, o);
+    means[i++] = to_vector(m);
+  }
+  EXPECT_EQ(to_vector(nbt)[0], 2.0);
+  const auto got = to_vector(rm);
+  for (std::size_t c = 0; c < 2; ++c) EXPECT_NEAR(got[c], (means[0][c] + means[1][c]) / 2, 1e-15);
+}
+
+TEST(SyncBn, EvaluationModeUsesRunningStatistics) {
+  const Problem p = make_problem(2, 3, 4, 5, 8);
+  const Tensor x = make_tensor({2, 3, 4, 5}, DType::kFloat64, p.x), dy = make_tensor({2, 3, 4, 5}, DType::kFloat64, p.dy);
+  const Tensor w = make_tensor({3}, DType::kFloat64, p.weight), b = make_tensor({3}, DType::kFloat64, p.bias);
+  const Tensor rm = make_tensor({3}, DType::kFloat64, p.rm), rv = make_tensor({3}, DType::kFloat64, p.rv);
+  const Tensor y = Tensor::zeros({2, 3, 4, 5}, DType::kFloat64), dx = Tensor::zeros({2, 3, 4, 5}, DType::kFloat64);
+  const Tensor m = Tensor::zeros({3}, DType::kFloat64), is = Tensor::zeros({3}, DType::kFloat64);
+  SyncBnOptions o;
+  o.training = false;
+  ThreadGroup never(2);  // evaluation never communicates: one rank alone must not block
+  auto comm = never.communicator(0);
+  o.check_ranks = false;
+  sync_batch_norm_forward(x, SyncBnParams{w, b, rm, rv, {}}, y, m, is, comm.get(), o);
+  sync_batch_norm_backward(dy, x, w, m, is, dx, {}, {}, comm.get(), o);
+  const auto yv = to_vector(y), dxv = to_vector(dx);
+  for (std::size_t i = 0; i < p.x.size(); ++i) {
+    const std::size_t c = (i / 20) % 3;
+    const double invstd = 1.0 / std::sqrt(p.rv[c] + 1e-5);
+    EXPECT_NEAR(yv[i], (p.x[i] - p.rm[c]) * invstd * p.weight[c] + p.bias[c], 1e-14);
+    EXPECT_NEAR(dxv[i], p.dy[i] * p.weight[c] * invstd, 1e-14);
+  }
+  EXPECT_EQ(to_vector(rm), p.rm);  // untouched
+}
+
+TEST(SyncBn, NonFiniteInputGivesNaNStatistics) {
+  Problem p = make_problem(1, 2, 2, 2, 21);
+  p.x[1] = std::numeric_limits<double>::infinity();
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+    const Result r = run(p, in, 0, 1, nullptr, o);
+    const auto m = to_vector(r.mean);
+    EXPECT_FALSE(std::isfinite(m[0]));
+    EXPECT_TRUE(std::isfinite(m[1]));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shared math
+
+TEST(SyncBnMath, RankMergeEqualsThePairwiseTree) {
+  // sbn_global_moments merges ranks with a stack; it must equal sbn_tree_reduce's tree
+  for (std::int64_t ranks = 1; ranks <= 70; ++ranks) {
+    const std::int64_t C = 1, words = detail::sbn_record_words(C, false);
+    std::vector<std::int64_t> gathered(static_cast<std::size_t>(ranks * words));
+    std::vector<detail::SbnMoments> tree;
+    const auto v = random_values(static_cast<std::size_t>(3 * ranks), 1000 + ranks);
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      const detail::SbnMoments m{1 + r % 7, v[3 * r] * 100, std::abs(v[3 * r + 1])};
+      tree.push_back(m);
+      gathered[r * words] = m.n;
+      gathered[r * words + 1] = detail::sbn_double_word(m.mean);
+      gathered[r * words + 2] = detail::sbn_double_word(m.m2);
+    }
+    detail::SbnFinalizeArgs a{};
+    a.gathered = gathered.data(), a.ranks = ranks, a.words = words, a.channels = C;
+    const detail::SbnMoments s = detail::sbn_global_moments(a, 0);
+    const detail::SbnMoments t = detail::sbn_tree_reduce(tree.data(), ranks, detail::SbnMoments{0, 0.0, 0.0});
+    EXPECT_EQ(s.n, t.n) << ranks;
+    EXPECT_EQ(detail::sbn_double_word(s.mean), detail::sbn_double_word(t.mean)) << ranks;
+    EXPECT_EQ(detail::sbn_double_word(s.m2), detail::sbn_double_word(t.m2)) << ranks;
+  }
+}
+
+TEST(SyncBnMath, FixedPointConversionsAreCorrectlyRounded) {
+  using detail::sbn_i128;
+  EXPECT_EQ(detail::sbn_i128_to_double(0), 0.0);
+  EXPECT_EQ(detail::sbn_i128_to_double(-5), -5.0);
+  const sbn_i128 big = (static_cast<sbn_i128>(1) << 100) + 1;  // rounds down to 2^100
+  EXPECT_EQ(detail::sbn_i128_to_double(big), std::ldexp(1.0, 100));
+  // 2^60 + 2^7 + 1: above the halfway point 2^7 of the 53-bit grid -> rounds up (sticky bit)
+  const sbn_i128 up = (static_cast<sbn_i128>(1) << 60) + (1 << 7) + 1;
+  EXPECT_EQ(detail::sbn_i128_to_double(up), std::ldexp(1.0, 60) + 256.0);
+  // exactly halfway with an even neighbour -> ties to even (down)
+  const sbn_i128 tie = (static_cast<sbn_i128>(1) << 60) + (1 << 7);
+  EXPECT_EQ(detail::sbn_i128_to_double(tie), std::ldexp(1.0, 60));
+  const sbn_i128 s70 = (static_cast<sbn_i128>(3) << 70) + 12345;
+  EXPECT_EQ(detail::sbn_i128_to_double(-s70), -static_cast<double>(static_cast<long double>(s70)));
+  // n * S2 - S1^2 for q = {1, 2, 3, 4}: 4 * 30 - 100 = 20
+  EXPECT_EQ(detail::sbn_exact_var_numerator(4, 10, 30), 20.0);
+  // large values: q = 2^44 - 1 repeated: variance 0 exactly
+  const std::int64_t q = (std::int64_t{1} << 44) - 1;
+  const sbn_i128 n = 1000;
+  EXPECT_EQ(detail::sbn_exact_var_numerator(1000, n * q, n * q * q), 0.0);
+  EXPECT_EQ(detail::sbn_exponent(1.0), 1);
+  EXPECT_EQ(detail::sbn_exponent(0.75), 0);
+  EXPECT_EQ(detail::sbn_exponent(0.0), detail::kSbnZeroExponent);
+  EXPECT_EQ(detail::sbn_exponent(std::nan("")), detail::kSbnNonFiniteExponent);
+  EXPECT_EQ(detail::sbn_quantize(0.5, 1), std::int64_t{1} << 42);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The phases API, driven by hand for two simulated ranks, equals the one-call group
+
+TEST(SyncBnPhases, HandDrivenTwoRanksEqualTheOneCallGroup) {
+  const Problem p = make_problem(3, 4, 5, 6, 31);
+  const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    const auto group = run_group(p, in, {0, 1, 3}, o);
+    const std::int64_t C = p.C, words = sync_batch_norm_record_words(C, mode);
+    const TensorView xs[2] = {slice(in.x, 0, 1), slice(in.x, 1, 3)};
+    const TensorView dys[2] = {slice(in.dy, 0, 1), slice(in.dy, 1, 3)};
+    const bool exact = mode == SyncBnMode::kExact;
+    // forward
+    Tensor scales = Tensor::zeros({C}, DType::kInt64);
+    if (exact) {
+      Tensor all = Tensor::zeros({2, C}, DType::kInt64);
+      for (int r = 0; r < 2; ++r) {
+        TensorView row = all.view();
+        row.rank = 1, row.sizes[0] = C, row.strides[0] = 1;
+        row.data = all.data<std::int64_t>() + r * C;
+        sync_batch_norm_local_scales(xs[r], {}, {}, row);
+      }
+      sync_batch_norm_merge_scales(all, scales);
+    }
+    Tensor gathered = Tensor::zeros({2, words}, DType::kInt64);
+    for (int r = 0; r < 2; ++r) {
+      TensorView row = gathered.view();
+      row.rank = 1, row.sizes[0] = words, row.strides[0] = 1;
+      row.data = gathered.data<std::int64_t>() + r * words;
+      sync_batch_norm_local_stats(xs[r], row, mode, exact ? scales.view() : TensorView{});
+    }
+    const Tensor w = make_tensor({C}, DType::kFloat32, p.weight), b = make_tensor({C}, DType::kFloat32, p.bias);
+    const Tensor rm = make_tensor({C}, DType::kFloat32, p.rm), rv = make_tensor({C}, DType::kFloat32, p.rv);
+    const Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+    const Tensor mean = Tensor::zeros({C}, DType::kFloat64), invstd = Tensor::zeros({C}, DType::kFloat64);
+    const SyncBnParams params{w, b, rm, rv, nbt};
+    sync_batch_norm_finalize_stats(gathered, params, mean, invstd, o, exact ? scales.view() : TensorView{});
+    EXPECT_TRUE(same_bytes(mean, group[0].mean));
+    EXPECT_TRUE(same_bytes(invstd, group[0].invstd));
+    EXPECT_TRUE(same_bytes(rv, group[0].rv));
+    const Tensor y1 = Tensor::zeros({2, C, p.H, p.W}, DType::kFloat32);
+    sync_batch_norm_apply(xs[1], params, mean, invstd, y1);
+    EXPECT_TRUE(same_bytes(y1, group[1].y));
+    // backward
+    Tensor bscales = Tensor::zeros({2 * C}, DType::kInt64);
+    if (exact) {
+      Tensor all = Tensor::zeros({2, 2 * C}, DType::kInt64);
+      for (int r = 0; r < 2; ++r) {
+        TensorView row = all.view();
+        row.rank = 1, row.sizes[0] = 2 * C, row.strides[0] = 1;
+        row.data = all.data<std::int64_t>() + r * 2 * C;
+        sync_batch_norm_local_scales(xs[r], dys[r], mean, row);
+      }
+      sync_batch_norm_merge_scales(all, bscales);
+    }
+    Tensor bg = Tensor::zeros({2, words}, DType::kInt64);
+    for (int r = 0; r < 2; ++r) {
+      TensorView row = bg.view();
+      row.rank = 1, row.sizes[0] = words, row.strides[0] = 1;
+      row.data = bg.data<std::int64_t>() + r * words;
+      sync_batch_norm_local_backward(dys[r], xs[r], mean, row, mode, exact ? bscales.view() : TensorView{});
+    }
+    const Tensor sums = Tensor::zeros({2 * C + 1}, DType::kFloat64);
+    const Tensor dw = Tensor::zeros({C}, DType::kFloat32), db = Tensor::zeros({C}, DType::kFloat32);
+    sync_batch_norm_finalize_backward(bg, 1, mode, invstd, sums, dw, db, exact ? bscales.view() : TensorView{});
+    EXPECT_TRUE(same_bytes(dw, group[1].dw));
+    EXPECT_TRUE(same_bytes(db, group[1].db));
+    EXPECT_EQ(to_vector(sums)[static_cast<std::size_t>(2 * C)], static_cast<double>(3 * p.H * p.W));
+    const Tensor dx1 = Tensor::zeros({2, C, p.H, p.W}, DType::kFloat32);
+    sync_batch_norm_backward_apply(dys[1], xs[1], w, mean, invstd, sums, dx1);
+    EXPECT_TRUE(same_bytes(dx1, group[1].dx));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank agreement, failing ranks, timeouts
+
+/// Runs f(rank, comm) on `ranks` threads of one group and returns each rank's error code
+/// (-1 when it returned normally) and message.
+std::vector<std::pair<int, std::string>> on_group(int ranks, std::chrono::milliseconds timeout,
+                                                  const std::function<void(int, Communicator*)>& f) {
+  ThreadGroup group(ranks, timeout);
+  std::vector<std::pair<int, std::string>> out(static_cast<std::size_t>(ranks), {-1, ""});
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      auto comm = group.communicator(r);
+      try {
+        f(r, comm.get());
+      } catch (const Error& e) {
+        out[static_cast<std::size_t>(r)] = {static_cast<int>(e.code()), e.what()};
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+struct Layer {
+  Tensor x, y, mean, invstd, w, b;
+  explicit Layer(std::int64_t C, DType dt = DType::kFloat32)
+      : x(make_tensor({2, C, 3, 3}, dt, random_values(static_cast<std::size_t>(18 * C), 5))),
+        y(Tensor::zeros({2, C, 3, 3}, dt)), mean(Tensor::zeros({C}, DType::kFloat64)),
+        invstd(Tensor::zeros({C}, DType::kFloat64)), w(make_tensor({C}, DType::kFloat32, std::vector<double>(C, 1.0))),
+        b(Tensor::zeros({C}, DType::kFloat32)) {}
+  void forward(Communicator* comm, const SyncBnOptions& o = {}) {
+    sync_batch_norm_forward(x, SyncBnParams{w, b, {}, {}, {}}, y, mean, invstd, comm, o);
+  }
+};
+
+TEST(SyncBnRanks, DisagreementRaisesOnEveryRank) {
+  const int comm_code = static_cast<int>(ErrorCode::kCommunication);
+  // channels
+  auto res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) { Layer(r == 0 ? 4 : 5).forward(c); });
+  for (const auto& e : res) {
+    EXPECT_EQ(e.first, comm_code) << e.second;
+    EXPECT_NE(e.second.find("channel count"), std::string::npos) << e.second;
+  }
+  // mode
+  res = on_group(3, std::chrono::seconds(20), [](int r, Communicator* c) {
+    SyncBnOptions o;
+    o.mode = r == 2 ? SyncBnMode::kExact : SyncBnMode::kDefault;
+    Layer(4).forward(c, o);
+  });
+  for (const auto& e : res) EXPECT_EQ(e.first, comm_code) << e.second;
+  // dtype
+  res = on_group(2, std::chrono::seconds(20),
+                 [](int r, Communicator* c) { Layer(4, r ? DType::kFloat16 : DType::kFloat32).forward(c); });
+  for (const auto& e : res) EXPECT_EQ(e.first, comm_code) << e.second;
+  // a rank that skipped a call: its sequence number is behind
+  res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) {
+    if (r == 1) c->next_sequence();
+    Layer(4).forward(c);
+  });
+  for (const auto& e : res) {
+    EXPECT_EQ(e.first, comm_code) << e.second;
+    EXPECT_NE(e.second.find("different calls"), std::string::npos) << e.second;
+  }
+  // forward on one rank, backward on the other
+  res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) {
+    Layer l(4);
+    if (r == 0) {
+      l.forward(c);
+    } else {
+      const Tensor dx = Tensor::zeros({2, 4, 3, 3}, DType::kFloat32);
+      sync_batch_norm_backward(l.x, l.x, l.w, l.mean, l.invstd, dx, {}, {}, c);
+    }
+  });
+  for (const auto& e : res) EXPECT_EQ(e.first, comm_code) << e.second;
+}
+
+TEST(SyncBnRanks, AFailingRankMakesEveryRankRaise) {
+  auto res = on_group(3, std::chrono::seconds(20), [](int r, Communicator* c) {
+    Layer l(4);
+    const Tensor bad_w = Tensor::zeros({5}, DType::kFloat32);
+    sync_batch_norm_forward(l.x, SyncBnParams{r == 1 ? bad_w.view() : l.w.view(), l.b, {}, {}, {}}, l.y, l.mean,
+                            l.invstd, c);
+  });
+  EXPECT_EQ(res[1].first, static_cast<int>(ErrorCode::kInvalidArgument)) << res[1].second;
+  EXPECT_NE(res[1].second.find("weight"), std::string::npos) << res[1].second;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(res[static_cast<std::size_t>(r)].first, static_cast<int>(ErrorCode::kCommunication));
+    EXPECT_NE(res[static_cast<std::size_t>(r)].second.find("rank 1"), std::string::npos) << res[static_cast<std::size_t>(r)].second;
+  }
+}
+
+TEST(SyncBnRanks, AMissingRankTimesOutInsteadOfHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  auto res = on_group(2, std::chrono::milliseconds(300), [](int r, Communicator* c) {
+    if (r == 0) Layer(4).forward(c);  // rank 1 never comes
+  });
+  EXPECT_EQ(res[0].first, static_cast<int>(ErrorCode::kCommunication)) << res[0].second;
+  EXPECT_NE(res[0].second.find("not arrived: 1"), std::string::npos) << res[0].second;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(SyncBnRanks, ThreadGroupGathersInRankOrderRepeatedly) {
+  auto res = on_group(4, std::chrono::seconds(20), [](int r, Communicator* c) {
+    for (int round = 0; round < 50; ++round) {
+      const std::int64_t mine[2] = {r, round};
+      std::int64_t all[8];
+      c->all_gather(mine, all, sizeof(mine), Device::cpu(), nullptr);
+      for (int q = 0; q < 4; ++q)
+        if (all[2 * q] != q || all[2 * q + 1] != round) throw Error(ErrorCode::kInvalidArgument, "wrong gather");
+    }
+  });
+  for (const auto& e : res) EXPECT_EQ(e.first, -1) << e.second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: a clear error naming the argument, nothing written
+
+TEST(SyncBnBadInput, RejectedBeforeAnythingIsWritten) {
+  const std::int64_t C = 3;
+  const Tensor x = make_tensor({2, C, 4, 4}, DType::kFloat32, random_values(96, 1));
+  const Tensor w = make_tensor({C}, DType::kFloat32, {1.0, 2.0, 3.0}), b = Tensor::zeros({C}, DType::kFloat32);
+  const Tensor w_bad = Tensor::zeros({C + 1}, DType::kFloat32), w_half = Tensor::zeros({C}, DType::kFloat16);
+  const Tensor rm = Tensor::zeros({C}, DType::kFloat32), rv = make_tensor({C}, DType::kFloat32, {1, 1, 1});
+  const Tensor x_int = Tensor::zeros({2, C, 4, 4}, DType::kInt32);
+  const Tensor y_small = Tensor::zeros({2, C, 4, 3}, DType::kFloat32), y_f64 = Tensor::zeros({2, C, 4, 4}, DType::kFloat64);
+  const Tensor m32 = Tensor::zeros({C}, DType::kFloat32), nbt32 = Tensor::zeros({1}, DType::kInt32);
+  struct Case {
+    const char* name;
+    std::function<void(const Tensor& y, const Tensor& mean, const Tensor& invstd, SyncBnParams& p, SyncBnOptions& o,
+                       TensorView& xv, TensorView& yv, TensorView& mv)>
+        tweak;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"x int32", [&](auto&, auto&, auto&, auto&, auto&, auto& xv, auto&, auto&) { xv = x_int; }, "x has dtype int32"},
+      {"y sizes", [&](auto&, auto&, auto&, auto&, auto&, auto&, auto& yv, auto&) { yv = y_small; }, "y has sizes"},
+      {"y dtype", [&](auto&, auto&, auto&, auto&, auto&, auto&, auto& yv, auto&) { yv = y_f64; }, "y has dtype"},
+      {"weight size", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto&) { p.weight = w_bad; }, "weight has sizes"},
+      {"weight dtype", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto&) { p.weight = w_half; }, "weight has dtype"},
+      {"weight alone", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto&) { p.bias = {}; }, "expected both"},
+      {"running alone", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto&) { p.running_var = {}; }, "running_var is absent"},
+      {"nbt dtype", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto&) { p.num_batches_tracked = nbt32; }, "num_batches_tracked has dtype"},
+      {"no nbt for average", [&](auto&, auto&, auto&, auto&, auto& o, auto&, auto&, auto&) { o.momentum.reset(); }, "num_batches_tracked is absent"},
+      {"momentum", [&](auto&, auto&, auto&, auto&, auto& o, auto&, auto&, auto&) { o.momentum = 1.5; }, "momentum is 1.5"},
+      {"eps", [&](auto&, auto&, auto&, auto&, auto& o, auto&, auto&, auto&) { o.eps = -1; }, "eps is -1"},
+      {"mode", [&](auto&, auto&, auto&, auto&, auto& o, auto&, auto&, auto&) { o.mode = static_cast<SyncBnMode>(7); }, "mode 7"},
+      {"eval without running", [&](auto&, auto&, auto&, auto& p, auto& o, auto&, auto&, auto&) {
+         o.training = false;
+         p.running_mean = {};
+         p.running_var = {};
+       }, "expected them in evaluation mode"},
+      {"save_mean dtype", [&](auto&, auto&, auto&, auto&, auto&, auto&, auto&, auto& mv) { mv = m32; }, "save_mean has dtype"},
+      {"save_mean is running_mean", [&](auto&, auto&, auto&, auto& p, auto&, auto&, auto&, auto& mv) {
+         mv = p.running_mean;
+       }, "save_mean has dtype"},
+      {"y overlaps save_mean", [&](auto&, auto& mean, auto&, auto&, auto&, auto&, auto& yv, auto&) {
+         yv = Tensor::zeros({2, C, 4, 4}, DType::kFloat32);
+         yv.data = mean.view().data;
+       }, "overlap"},
+  };
+  for (const auto& k : cases) {
+    Tensor y = Tensor::empty({2, C, 4, 4}, DType::kFloat32);
+    Tensor mean = Tensor::empty({C}, DType::kFloat64), invstd = Tensor::empty({C}, DType::kFloat64);
+    y.fill_bytes(0xAB), mean.fill_bytes(0xAB), invstd.fill_bytes(0xAB);
+    Tensor rm2 = Tensor::empty({C}, DType::kFloat32), rv2 = Tensor::empty({C}, DType::kFloat32);
+    rm2.fill_bytes(0xCD), rv2.fill_bytes(0xCD);
+    SyncBnParams p{w, b, rm2, rv2, {}};
+    SyncBnOptions o;
+    TensorView xv = x, yv = y, mv = mean;
+    k.tweak(y, mean, invstd, p, o, xv, yv, mv);
+    try {
+      sync_batch_norm_forward(xv, p, yv, mv, invstd, nullptr, o);
+      ADD_FAILURE() << k.name << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << k.name;
+      EXPECT_NE(std::string(e.what()).find(k.expect), std::string::npos) << k.name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("sync_batch_norm_forward"), std::string::npos) << e.what();
+    }
+    const auto untouched = [](const Tensor& t, unsigned char v) {
+      const auto* q = static_cast<const unsigned char*>(t.view().data);
+      for (std::size_t i = 0; i < t.nbytes(); ++i)
+        if (q[i] != v) return false;
+      return true;
+    };
+    EXPECT_TRUE(untouched(y, 0xAB)) << k.name;
+    EXPECT_TRUE(untouched(mean, 0xAB)) << k.name;
+    EXPECT_TRUE(untouched(invstd, 0xAB)) << k.name;
+    EXPECT_TRUE(untouched(rm2, 0xCD)) << k.name;
+    EXPECT_TRUE(untouched(rv2, 0xCD)) << k.name;
+  }
+}
+
+TEST(SyncBnBadInput, BackwardArguments) {
+  Layer l(3);
+  l.forward(nullptr);
+  const Tensor dx = Tensor::zeros({2, 3, 3, 3}, DType::kFloat32), dw = Tensor::zeros({3}, DType::kFloat32);
+  const Tensor dy_bad = Tensor::zeros({2, 3, 3, 2}, DType::kFloat32);
+  auto expect_error = [](const std::function<void()>& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { sync_batch_norm_backward(dy_bad, l.x, l.w, l.mean, l.invstd, dx, {}, {}); }, "grad_y has sizes");
+  expect_error([&] { sync_batch_norm_backward(l.y, l.x, {}, l.mean, l.invstd, dx, dw, {}); }, "weight is absent");
+  expect_error([&] { sync_batch_norm_backward(l.y, l.x, l.w, l.mean, l.invstd, l.x, {}, {}); }, "grad_x");
+}
+
+}  // namespace
+}  // namespace detops
