@@ -2,8 +2,8 @@
 // the shared header's (detops/detail/sync_batch_norm_math.h), compiled with contraction off.
 //
 // Default mode, local statistics (forward moments, backward sums):
-//   * chunk pass: one unit of work per (channel c, chunk k), k = n * J + j, J chunks of kSbnChunk
-//     positions per image. When the channel is not the innermost dimension (NCHW and most other
+//   * chunk pass: one unit of work per (channel c, chunk k), chunk k = the channel's elements
+//     [k * kSbnChunk, (k + 1) * kSbnChunk) in (n, h, w) order (a chunk may span images). When the channel is not the innermost dimension (NCHW and most other
 //     strides) a warp takes a chunk: lane t loads the elements t, t + 32, ... (coalesced for a
 //     contiguous plane), adds them in that order from 0.0, and the xor-shuffle butterfly
 //     (offsets 16, 8, 4, 2, 1) combines the lanes. Lane t then holds v[t] + v[t ^ off] after each
@@ -58,9 +58,10 @@ cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ct
 // ---------------------------------------------------------------------------------------------
 // Geometry
 
-/// Problem shape: [N, C, H, W], J chunks per image, K = N * J chunks per channel.
+/// Problem shape: [N, C, H, W]; a channel's count = N * H * W elements in (n, h, w) order make
+/// K = sbn_chunks(count) chunks.
 struct Shape {
-  std::int64_t N, C, H, W, HW, J, K;
+  std::int64_t N, C, H, W, HW, count, K;
 };
 
 Shape shape_of(const TensorView& t) {
@@ -70,8 +71,8 @@ Shape shape_of(const TensorView& t) {
   s.H = t.sizes[2];
   s.W = t.sizes[3];
   s.HW = s.H * s.W;
-  s.J = detail::sbn_chunks_per_image(s.HW);
-  s.K = s.N * s.J;
+  s.count = s.N * s.HW;
+  s.K = detail::sbn_chunks(s.count);
   return s;
 }
 
@@ -114,18 +115,23 @@ __device__ __forceinline__ double load_double(const T* p, std::int64_t off) {
   return static_cast<double>(to_acc(p[off]));
 }
 
-/// Image, first position and length of chunk k.
+/// First element (in the channel's (n, h, w) order) and length of chunk k.
 struct Chunk {
-  std::int64_t n, p0, len;
+  std::int64_t r0, len;
 };
 __device__ __forceinline__ Chunk chunk_of(const Shape& g, std::int64_t k) {
   Chunk ch;
-  ch.n = k / g.J;
-  const std::int64_t j = k - ch.n * g.J;
-  ch.p0 = j * kSbnChunk;
-  const std::int64_t rest = g.HW - ch.p0;
+  ch.r0 = k * kSbnChunk;
+  const std::int64_t rest = g.count - ch.r0;
   ch.len = rest < kSbnChunk ? rest : kSbnChunk;
   return ch;
+}
+
+/// Offset of element r (n = r / HW, p = r % HW) of a channel, from the channel's base.
+template <bool kUniform>
+__device__ __forceinline__ std::int64_t elem_offset(const Src& s, const Shape& g, std::int64_t r) {
+  const std::int64_t n = r / g.HW;
+  return n * s.sN + pos_offset<kUniform>(s, g.W, r - n * g.HW);
 }
 
 /// The butterfly of sbn_lane_tree on a warp: every lane returns the same bits as v[0] there.
@@ -189,7 +195,7 @@ __global__ void moments_warp_kernel(const T* __restrict__ x, Src sx, Shape g, Sb
   for (std::int64_t u = warp_id(); u < units; u += warp_count()) {
     const std::int64_t c = u / g.K, k = u - c * g.K;
     const Chunk ch = chunk_of(g, k);
-    const T* base = x + ch.n * sx.sN + c * sx.sC;
+    const T* base = x + c * sx.sC;
     double v[kPerLane];
     double s = 0.0;
 #pragma unroll
@@ -197,7 +203,7 @@ __global__ void moments_warp_kernel(const T* __restrict__ x, Src sx, Shape g, Sb
       const std::int64_t i = lane + kSbnLanes * m;
       v[m] = 0.0;
       if (i < ch.len) {
-        v[m] = load_double(base, pos_offset<kUniform>(sx, g.W, ch.p0 + i));
+        v[m] = load_double(base, elem_offset<kUniform>(sx, g, ch.r0 + i));
         s = s + v[m];
       }
     }
@@ -221,9 +227,9 @@ __global__ void moments_thread_kernel(const T* __restrict__ x, Src sx, Shape g, 
   DETOPS_GRID_STRIDE(u, g.C * g.K) {
     const std::int64_t k = u / g.C, c = u - k * g.C;
     const Chunk ch = chunk_of(g, k);
-    const T* base = x + ch.n * sx.sN + c * sx.sC;
-    const std::int64_t W = g.W, p0 = ch.p0;
-    auto load = [&](std::int64_t i) -> double { return load_double(base, pos_offset<kUniform>(sx, W, p0 + i)); };
+    const T* base = x + c * sx.sC;
+    const std::int64_t r0 = ch.r0;
+    auto load = [&](std::int64_t i) -> double { return load_double(base, elem_offset<kUniform>(sx, g, r0 + i)); };
     out[c * g.K + k] = detail::sbn_chunk_moments(load, ch.len);
   }
 }
@@ -236,16 +242,16 @@ __global__ void sums_warp_kernel(const T* __restrict__ dy, Src sg, const T* __re
   for (std::int64_t u = warp_id(); u < units; u += warp_count()) {
     const std::int64_t c = u / g.K, k = u - c * g.K;
     const Chunk ch = chunk_of(g, k);
-    const T* gbase = dy + ch.n * sg.sN + c * sg.sC;
-    const T* xbase = x + ch.n * sx.sN + c * sx.sC;
+    const T* gbase = dy + c * sg.sC;
+    const T* xbase = x + c * sx.sC;
     const double mu = mean[c];
     double a = 0.0, b = 0.0;
 #pragma unroll
     for (int m = 0; m < kPerLane; ++m) {
       const std::int64_t i = lane + kSbnLanes * m;
       if (i < ch.len) {
-        const double gv = load_double(gbase, pos_offset<kUniform>(sg, g.W, ch.p0 + i));
-        const double xv = load_double(xbase, pos_offset<kUniform>(sx, g.W, ch.p0 + i));
+        const double gv = load_double(gbase, elem_offset<kUniform>(sg, g, ch.r0 + i));
+        const double xv = load_double(xbase, elem_offset<kUniform>(sx, g, ch.r0 + i));
         a = a + gv;
         b = b + gv * (xv - mu);
       }
@@ -262,11 +268,11 @@ __global__ void sums_thread_kernel(const T* __restrict__ dy, Src sg, const T* __
   DETOPS_GRID_STRIDE(u, g.C * g.K) {
     const std::int64_t k = u / g.C, c = u - k * g.C;
     const Chunk ch = chunk_of(g, k);
-    const T* gbase = dy + ch.n * sg.sN + c * sg.sC;
-    const T* xbase = x + ch.n * sx.sN + c * sx.sC;
-    const std::int64_t W = g.W, p0 = ch.p0;
-    auto load_dy = [&](std::int64_t i) -> double { return load_double(gbase, pos_offset<kUniform>(sg, W, p0 + i)); };
-    auto load_x = [&](std::int64_t i) -> double { return load_double(xbase, pos_offset<kUniform>(sx, W, p0 + i)); };
+    const T* gbase = dy + c * sg.sC;
+    const T* xbase = x + c * sx.sC;
+    const std::int64_t r0 = ch.r0;
+    auto load_dy = [&](std::int64_t i) -> double { return load_double(gbase, elem_offset<kUniform>(sg, g, r0 + i)); };
+    auto load_x = [&](std::int64_t i) -> double { return load_double(xbase, elem_offset<kUniform>(sx, g, r0 + i)); };
     out[c * g.K + k] = detail::sbn_chunk_sums(load_dy, load_x, mean[c], ch.len);
   }
 }
@@ -342,8 +348,8 @@ __device__ __forceinline__ void order_free_unit(const PassArgs<T>& a, std::int64
   constexpr bool kExact = P == Pass::kExactForward || P == Pass::kExactBackward;
   const Shape& g = a.g;
   const Chunk ch = chunk_of(g, k);
-  const T* xbase = a.x + ch.n * a.sx.sN + c * a.sx.sC;
-  const T* gbase = kBackward ? a.dy + ch.n * a.sg.sN + c * a.sg.sC : nullptr;
+  const T* xbase = a.x + c * a.sx.sC;
+  const T* gbase = kBackward ? a.dy + c * a.sg.sC : nullptr;
   const double mu = kBackward ? a.mean[c] : 0.0;
   std::int64_t e1 = 0, e2 = 0;
   if constexpr (kExact) {
@@ -353,7 +359,7 @@ __device__ __forceinline__ void order_free_unit(const PassArgs<T>& a, std::int64
   sbn_i128 s1 = 0, s2 = 0;
   double m1 = 0.0, m2 = 0.0;
   for (std::int64_t i = first; i < ch.len; i += step) {
-    const double xv = load_double(xbase, pos_offset<kUniform>(a.sx, g.W, ch.p0 + i));
+    const double xv = load_double(xbase, elem_offset<kUniform>(a.sx, g, ch.r0 + i));
     if constexpr (P == Pass::kExactForward) {
       const std::int64_t q = detail::sbn_quantize(xv, e1);
       s1 += q;
@@ -361,7 +367,7 @@ __device__ __forceinline__ void order_free_unit(const PassArgs<T>& a, std::int64
     } else if constexpr (P == Pass::kScalesForward) {
       m1 = fmax(m1, abs_or_inf(xv));
     } else {
-      const double gv = load_double(gbase, pos_offset<kUniform>(a.sg, g.W, ch.p0 + i));
+      const double gv = load_double(gbase, elem_offset<kUniform>(a.sg, g, ch.r0 + i));
       const double prod = gv * (xv - mu);
       if constexpr (P == Pass::kExactBackward) {
         s1 += detail::sbn_quantize(gv, e1);

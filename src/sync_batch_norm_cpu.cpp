@@ -28,11 +28,34 @@ inline double ld(const T& v) {
 }
 
 struct Dims {
-  std::int64_t N, C, H, W, HW, J, K;  // J chunks per image, K = N * J chunks per channel
+  std::int64_t N, C, H, W, HW, count, K;  // count = N * H * W elements per channel, K chunks
   explicit Dims(const TensorView& x)
-      : N(x.sizes[0]), C(x.sizes[1]), H(x.sizes[2]), W(x.sizes[3]), HW(H * W),
-        J(detail::sbn_chunks_per_image(H * W)), K(N * detail::sbn_chunks_per_image(H * W)) {}
+      : N(x.sizes[0]), C(x.sizes[1]), H(x.sizes[2]), W(x.sizes[3]), HW(H * W), count(N * H * W),
+        K(detail::sbn_chunks(N * H * W)) {}
 };
+
+/// Elements [r0, r0 + len) of channel c (in (n, h, w) order) as float64, into out: a chunk, which
+/// may span images. Row-major contiguous planes are copied as runs.
+template <class T>
+void gather_chunk(const TensorView& v, std::int64_t HW, std::int64_t c, std::int64_t r0, std::int64_t len,
+                  double* out) {
+  const std::int64_t sh = v.strides[2], sw = v.strides[3], W = v.sizes[3];
+  const bool flat = sw == 1 && (sh == W || v.sizes[2] <= 1);
+  std::int64_t n = r0 / HW, p = r0 % HW;
+  for (std::int64_t i = 0; i < len; ++n, p = 0) {
+    const T* base = static_cast<const T*>(v.data) + n * v.strides[0] + c * v.strides[1];
+    const std::int64_t take = std::min(len - i, HW - p);
+    if (flat) {
+      for (std::int64_t j = 0; j < take; ++j) out[i + j] = static_cast<double>(to_acc(base[p + j]));
+    } else {
+      for (std::int64_t j = 0; j < take; ++j) {
+        const std::int64_t q = p + j;
+        out[i + j] = static_cast<double>(to_acc(base[(q / W) * sh + (q % W) * sw]));
+      }
+    }
+    i += take;
+  }
+}
 
 /// Calls f(load) with load(p) = element p (row-major position in the plane) of channel c of
 /// image n as float64; a contiguous plane gets a flat loader.
@@ -54,11 +77,72 @@ inline bool channels_inner(const TensorView& v) { return v.sizes[1] > 1 && v.str
 inline std::int64_t pos_offset(const TensorView& v, std::int64_t n, std::int64_t p) {
   return n * v.strides[0] + (p / v.sizes[3]) * v.strides[2] + (p % v.sizes[3]) * v.strides[3];
 }
+/// Element offset of element r = n * HW + p of channel 0.
+inline std::int64_t row_offset(const TensorView& v, std::int64_t HW, std::int64_t r) {
+  return pos_offset(v, r / HW, r % HW);
+}
 
 inline int threads_of(const Context& ctx) { return ctx.resolved_threads(); }
 
+/// Channels handled together by the channels-inner walks: the lanes (32 x 512 doubles, 128 KB)
+/// and the chunk's 256 x 512 elements stay in L2 for the second pass; rows of 512 channels are
+/// long enough for the prefetchers (measured on res5 NHWC: 64 channels 2.4x slower, 1024 10%
+/// faster).
+constexpr std::int64_t kChannelBlock = 512;
+
+/// sbn_lane_tree for `cn` channels at once: lanes is [kSbnLanes][kChannelBlock], channel c's lane
+/// t at lanes[t * kChannelBlock + c]; the same additions per channel, vectorized across channels.
+/// Row 0 receives the totals.
+inline void lane_tree_rows(double* lanes, std::int64_t cn) {
+  for (int off = kSbnLanes / 2; off >= 1; off /= 2)
+    for (int t = 0; t < off; ++t) {
+      double* dst = lanes + t * kChannelBlock;
+      const double* src = lanes + (t + off) * kChannelBlock;
+      for (std::int64_t c = 0; c < cn; ++c) dst[c] = dst[c] + src[c];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Default mode: moments (forward) and sums (backward) per chunk, merged in the tree.
+
+/// Calls f(k, c, r0, len) for every (chunk k, channel c). Planes of at least kPlaneWalk
+/// positions: a thread owns a channel and walks its planes in order (sequential reads). Smaller
+/// planes (a detection head's 7x7 or 14x14): in parallel over (chunk, block of kGatherBlock
+/// channels), the channels of a block in order (consecutive channels' planes are adjacent in
+/// NCHW, so the walk streams; measured: the box head [512, 256, 7, 7] 2x faster than per channel,
+/// res5 [2, 2048, 25, 34] 1.6x slower).
+constexpr std::int64_t kGatherBlock = 64;
+constexpr std::int64_t kPlaneWalk = 512;
+template <class F>
+void for_chunk_blocks(const Dims& d, const Context& ctx, F&& f) {
+  if (d.HW >= kPlaneWalk) {
+    parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
+      for (std::int64_t c = c0; c < c1; ++c)
+        for (std::int64_t k = 0; k < d.K; ++k) f(k, c, k * kSbnChunk, std::min(kSbnChunk, d.count - k * kSbnChunk));
+    });
+    return;
+  }
+  const std::int64_t blocks = (d.C + kGatherBlock - 1) / kGatherBlock;
+  parallel_for(d.K * blocks, 1, threads_of(ctx), [&](std::int64_t w0, std::int64_t w1) {
+    for (std::int64_t w = w0; w < w1; ++w) {
+      const std::int64_t k = w / blocks, c0 = (w % blocks) * kGatherBlock;
+      const std::int64_t r0 = k * kSbnChunk, len = std::min(kSbnChunk, d.count - r0);
+      for (std::int64_t c = c0; c < std::min(d.C, c0 + kGatherBlock); ++c) f(k, c, r0, len);
+    }
+  });
+}
+
+/// The per-channel tree over chunk results stored [K][C], handed to store(c, result).
+template <class R, class Store>
+void merge_chunks(const std::vector<R>& chunks, const Dims& d, const R& empty, const Context& ctx, Store&& store) {
+  parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
+    std::vector<R> r(static_cast<std::size_t>(d.K));
+    for (std::int64_t c = c0; c < c1; ++c) {
+      for (std::int64_t k = 0; k < d.K; ++k) r[static_cast<std::size_t>(k)] = chunks[static_cast<std::size_t>(k * d.C + c)];
+      store(c, detail::sbn_tree_reduce(r.data(), d.K, empty));
+    }
+  });
+}
 
 template <class T>
 void default_stats(const TensorView& x, std::int64_t* record, const Context& ctx) {
@@ -69,62 +153,57 @@ void default_stats(const TensorView& x, std::int64_t* record, const Context& ctx
     record[2 + 2 * c] = detail::sbn_double_word(m.m2);
   };
   if (channels_inner(x) && d.K > 0) {
-    // chunk-major: every channel of a chunk at once
+    // chunk-major: the channels of a chunk together, kChannelBlock at a time (the lanes and the
+    // chunk's slice stay in cache)
     std::vector<SbnMoments> chunks(static_cast<std::size_t>(d.K * d.C));
     parallel_for(d.K, 1, threads_of(ctx), [&](std::int64_t k0, std::int64_t k1) {
-      std::vector<double> lanes(static_cast<std::size_t>(kSbnLanes * d.C)), mean(static_cast<std::size_t>(d.C));
-      double tree[kSbnLanes];
+      std::vector<double> lanes(static_cast<std::size_t>(kSbnLanes * kChannelBlock)), mean(kChannelBlock);
       for (std::int64_t k = k0; k < k1; ++k) {
-        const std::int64_t n = k / d.J, p0 = (k % d.J) * kSbnChunk, len = std::min(kSbnChunk, d.HW - p0);
-        for (int pass = 0; pass < 2; ++pass) {
-          std::fill(lanes.begin(), lanes.end(), 0.0);
-          for (std::int64_t i = 0; i < len; ++i) {
-            const T* row = static_cast<const T*>(x.data) + pos_offset(x, n, p0 + i);
-            double* lane = lanes.data() + (i % kSbnLanes) * d.C;
-            if (pass == 0) {
-              for (std::int64_t c = 0; c < d.C; ++c) lane[c] = lane[c] + ld(row[c]);
-            } else {
-              for (std::int64_t c = 0; c < d.C; ++c) {
-                const double dv = ld(row[c]) - mean[static_cast<std::size_t>(c)];
-                lane[c] = lane[c] + dv * dv;
+        const std::int64_t r0 = k * kSbnChunk, len = std::min(kSbnChunk, d.count - r0);
+        for (std::int64_t cb = 0; cb < d.C; cb += kChannelBlock) {
+          const std::int64_t cn = std::min<std::int64_t>(kChannelBlock, d.C - cb);
+          for (int pass = 0; pass < 2; ++pass) {
+            std::fill(lanes.begin(), lanes.end(), 0.0);
+            for (std::int64_t i = 0; i < len; ++i) {
+              const T* row = static_cast<const T*>(x.data) + row_offset(x, d.HW, r0 + i) + cb;
+              double* lane = lanes.data() + (i % kSbnLanes) * kChannelBlock;
+              if (pass == 0) {
+                for (std::int64_t c = 0; c < cn; ++c) lane[c] = lane[c] + ld(row[c]);
+              } else {
+                for (std::int64_t c = 0; c < cn; ++c) {
+                  const double dv = ld(row[c]) - mean[static_cast<std::size_t>(c)];
+                  lane[c] = lane[c] + dv * dv;
+                }
+              }
+            }
+            lane_tree_rows(lanes.data(), cn);
+            for (std::int64_t c = 0; c < cn; ++c) {
+              const double total = lanes[static_cast<std::size_t>(c)];
+              if (pass == 0) {
+                mean[static_cast<std::size_t>(c)] = total / static_cast<double>(len);
+              } else {
+                chunks[static_cast<std::size_t>(k * d.C + cb + c)] = {len, mean[static_cast<std::size_t>(c)], total};
               }
             }
           }
-          for (std::int64_t c = 0; c < d.C; ++c) {
-            for (int t = 0; t < kSbnLanes; ++t) tree[t] = lanes[static_cast<std::size_t>(t * d.C + c)];
-            const double total = detail::sbn_lane_tree(tree);
-            if (pass == 0) {
-              mean[static_cast<std::size_t>(c)] = total / static_cast<double>(len);
-            } else {
-              chunks[static_cast<std::size_t>(k * d.C + c)] = {len, mean[static_cast<std::size_t>(c)], total};
-            }
-          }
         }
       }
     });
-    parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
-      std::vector<SbnMoments> r(static_cast<std::size_t>(d.K));
-      for (std::int64_t c = c0; c < c1; ++c) {
-        for (std::int64_t k = 0; k < d.K; ++k) r[static_cast<std::size_t>(k)] = chunks[static_cast<std::size_t>(k * d.C + c)];
-        store(c, detail::sbn_tree_reduce(r.data(), d.K, empty));
-      }
+    merge_chunks(chunks, d, empty, ctx, store);
+  } else if (d.K > 0) {
+    // chunk-major over blocks of channels: a channel's chunk is gathered (runs of its planes;
+    // consecutive channels of an image are adjacent in NCHW, so the walk streams) and reduced
+    // while in L1
+    std::vector<SbnMoments> chunks(static_cast<std::size_t>(d.K * d.C));
+    for_chunk_blocks(d, ctx, [&](std::int64_t k, std::int64_t c, std::int64_t r0, std::int64_t len) {
+      double buf[kSbnChunk];
+      gather_chunk<T>(x, d.HW, c, r0, len, buf);
+      chunks[static_cast<std::size_t>(k * d.C + c)] =
+          detail::sbn_chunk_moments([&](std::int64_t i) { return buf[i]; }, len);
     });
+    merge_chunks(chunks, d, empty, ctx, store);
   } else {
-    parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
-      std::vector<SbnMoments> r(static_cast<std::size_t>(d.K));
-      for (std::int64_t c = c0; c < c1; ++c) {
-        for (std::int64_t n = 0; n < d.N; ++n) {
-          with_plane<T>(x, n, c, [&](const auto& load) {
-            for (std::int64_t j = 0; j < d.J; ++j) {
-              const std::int64_t p0 = j * kSbnChunk, len = std::min(kSbnChunk, d.HW - p0);
-              r[static_cast<std::size_t>(n * d.J + j)] =
-                  detail::sbn_chunk_moments([&](std::int64_t i) { return load(p0 + i); }, len);
-            }
-          });
-        }
-        store(c, detail::sbn_tree_reduce(r.data(), d.K, empty));
-      }
-    });
+    for (std::int64_t c = 0; c < d.C; ++c) store(c, empty);
   }
   record[0] = d.N * d.HW;
 }
@@ -141,58 +220,44 @@ void default_backward(const TensorView& dy, const TensorView& x, const double* m
   if (channels_inner(x) && channels_inner(dy) && d.K > 0) {
     std::vector<SbnSums> chunks(static_cast<std::size_t>(d.K * d.C));
     parallel_for(d.K, 1, threads_of(ctx), [&](std::int64_t k0, std::int64_t k1) {
-      std::vector<double> a(static_cast<std::size_t>(kSbnLanes * d.C)), b(a.size());
-      double ta[kSbnLanes], tb[kSbnLanes];
+      std::vector<double> a(static_cast<std::size_t>(kSbnLanes * kChannelBlock)), b(a.size());
       for (std::int64_t k = k0; k < k1; ++k) {
-        const std::int64_t n = k / d.J, p0 = (k % d.J) * kSbnChunk, len = std::min(kSbnChunk, d.HW - p0);
-        std::fill(a.begin(), a.end(), 0.0);
-        std::fill(b.begin(), b.end(), 0.0);
-        for (std::int64_t i = 0; i < len; ++i) {
-          const T* xr = static_cast<const T*>(x.data) + pos_offset(x, n, p0 + i);
-          const T* gr = static_cast<const T*>(dy.data) + pos_offset(dy, n, p0 + i);
-          double* la = a.data() + (i % kSbnLanes) * d.C;
-          double* lb = b.data() + (i % kSbnLanes) * d.C;
-          for (std::int64_t c = 0; c < d.C; ++c) {
-            const double g = ld(gr[c]);
-            la[c] = la[c] + g;
-            lb[c] = lb[c] + g * (ld(xr[c]) - mean[c]);
+        const std::int64_t r0 = k * kSbnChunk, len = std::min(kSbnChunk, d.count - r0);
+        for (std::int64_t cb = 0; cb < d.C; cb += kChannelBlock) {
+          const std::int64_t cn = std::min<std::int64_t>(kChannelBlock, d.C - cb);
+          std::fill(a.begin(), a.end(), 0.0);
+          std::fill(b.begin(), b.end(), 0.0);
+          for (std::int64_t i = 0; i < len; ++i) {
+            const T* xr = static_cast<const T*>(x.data) + row_offset(x, d.HW, r0 + i) + cb;
+            const T* gr = static_cast<const T*>(dy.data) + row_offset(dy, d.HW, r0 + i) + cb;
+            double* la = a.data() + (i % kSbnLanes) * kChannelBlock;
+            double* lb = b.data() + (i % kSbnLanes) * kChannelBlock;
+            for (std::int64_t c = 0; c < cn; ++c) {
+              const double g = ld(gr[c]);
+              la[c] = la[c] + g;
+              lb[c] = lb[c] + g * (ld(xr[c]) - mean[cb + c]);
+            }
           }
-        }
-        for (std::int64_t c = 0; c < d.C; ++c) {
-          for (int t = 0; t < kSbnLanes; ++t) {
-            ta[t] = a[static_cast<std::size_t>(t * d.C + c)];
-            tb[t] = b[static_cast<std::size_t>(t * d.C + c)];
-          }
-          chunks[static_cast<std::size_t>(k * d.C + c)] = {detail::sbn_lane_tree(ta), detail::sbn_lane_tree(tb)};
+          lane_tree_rows(a.data(), cn);
+          lane_tree_rows(b.data(), cn);
+          for (std::int64_t c = 0; c < cn; ++c)
+            chunks[static_cast<std::size_t>(k * d.C + cb + c)] = {a[static_cast<std::size_t>(c)], b[static_cast<std::size_t>(c)]};
         }
       }
     });
-    parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
-      std::vector<SbnSums> r(static_cast<std::size_t>(d.K));
-      for (std::int64_t c = c0; c < c1; ++c) {
-        for (std::int64_t k = 0; k < d.K; ++k) r[static_cast<std::size_t>(k)] = chunks[static_cast<std::size_t>(k * d.C + c)];
-        store(c, detail::sbn_tree_reduce(r.data(), d.K, zero));
-      }
+    merge_chunks(chunks, d, zero, ctx, store);
+  } else if (d.K > 0) {
+    std::vector<SbnSums> chunks(static_cast<std::size_t>(d.K * d.C));
+    for_chunk_blocks(d, ctx, [&](std::int64_t k, std::int64_t c, std::int64_t r0, std::int64_t len) {
+      double gbuf[kSbnChunk], xbuf[kSbnChunk];
+      gather_chunk<T>(dy, d.HW, c, r0, len, gbuf);
+      gather_chunk<T>(x, d.HW, c, r0, len, xbuf);
+      chunks[static_cast<std::size_t>(k * d.C + c)] = detail::sbn_chunk_sums(
+          [&](std::int64_t i) { return gbuf[i]; }, [&](std::int64_t i) { return xbuf[i]; }, mean[c], len);
     });
+    merge_chunks(chunks, d, zero, ctx, store);
   } else {
-    parallel_for(d.C, 1, threads_of(ctx), [&](std::int64_t c0, std::int64_t c1) {
-      std::vector<SbnSums> r(static_cast<std::size_t>(d.K));
-      for (std::int64_t c = c0; c < c1; ++c) {
-        for (std::int64_t n = 0; n < d.N; ++n) {
-          with_plane<T>(dy, n, c, [&](const auto& load_dy) {
-            with_plane<T>(x, n, c, [&](const auto& load_x) {
-              for (std::int64_t j = 0; j < d.J; ++j) {
-                const std::int64_t p0 = j * kSbnChunk, len = std::min(kSbnChunk, d.HW - p0);
-                r[static_cast<std::size_t>(n * d.J + j)] = detail::sbn_chunk_sums(
-                    [&](std::int64_t i) { return load_dy(p0 + i); }, [&](std::int64_t i) { return load_x(p0 + i); },
-                    mean[c], len);
-              }
-            });
-          });
-        }
-        store(c, detail::sbn_tree_reduce(r.data(), d.K, zero));
-      }
-    });
+    for (std::int64_t c = 0; c < d.C; ++c) store(c, zero);
   }
   record[0] = d.N * d.HW;
 }
@@ -303,13 +368,19 @@ void exact_record(const TensorView& x, const TensorView& dy, const double* mean,
   const Dims d(x);
   const bool backward = dy.defined();
   std::vector<ExactAcc> total(static_cast<std::size_t>(d.C));
+  std::vector<detail::SbnQuantScale> s1(static_cast<std::size_t>(d.C)), s2(s1.size());
+  for (std::int64_t c = 0; c < d.C; ++c) {
+    s1[static_cast<std::size_t>(c)] = detail::sbn_quant_scale(scales[c]);
+    if (backward) s2[static_cast<std::size_t>(c)] = detail::sbn_quant_scale(scales[d.C + c]);
+  }
   auto visit = [&](std::vector<ExactAcc>& acc, std::int64_t c, double xv, double g) {
-    ExactAcc& e = acc[static_cast<std::size_t>(c)];
+    const auto i = static_cast<std::size_t>(c);
+    ExactAcc& e = acc[i];
     if (backward) {
-      e.a += detail::sbn_quantize(g, scales[c]);
-      e.b += detail::sbn_quantize(g * (xv - mean[c]), scales[d.C + c]);
+      e.a += detail::sbn_quantize(g, s1[i]);
+      e.b += detail::sbn_quantize(g * (xv - mean[c]), s2[i]);
     } else {
-      const std::int64_t q = detail::sbn_quantize(xv, scales[c]);
+      const std::int64_t q = detail::sbn_quantize(xv, s1[i]);
       e.a += q;
       e.b += static_cast<detail::sbn_i128>(q) * q;
     }

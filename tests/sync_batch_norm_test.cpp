@@ -304,8 +304,10 @@ void expect_same(const Result& a, const Result& b, const std::string& what, bool
 }
 
 TEST(SyncBn, LayoutsThreadsAndRunsGiveTheSameBits) {
-  // 300 positions per image: two chunks, the second one partial
-  const Problem p = make_problem(3, 20, 15, 20, 5);
+  // 300 positions per image (chunks spanning images, the CPU's channel-block walk); 530 channels
+  // (the channels-inner walk's blocks of 512 and a partial one); 575 positions (the CPU's
+  // per-plane walk)
+  for (const Problem& p : {make_problem(3, 20, 15, 20, 5), make_problem(2, 530, 17, 17, 6), make_problem(3, 5, 23, 25, 7)})
   for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat64})
     for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
       SyncBnOptions o;

@@ -2,14 +2,14 @@
 //
 // Default mode, local statistics of one channel (the same bits on the CPU and CUDA, for NCHW,
 // NHWC and any strides, for any thread count):
-//   * the elements are taken image by image, each image's H*W positions in row-major order, in
-//     chunks of kSbnChunk positions (the last chunk of an image may be shorter);
+//   * the channel's N*H*W elements are taken in (n, h, w) order and cut into chunks of
+//     kSbnChunk consecutive elements (a chunk may span images; the last one may be shorter);
 //   * a chunk's moments are exact two-pass ones in float64: lane t (of kSbnLanes) sums the
 //     elements t, t + 32, t + 64, ... in order, the 32 lane sums are combined by the butterfly
 //     sbn_lane_tree (what a warp's xor-shuffle reduction computes); mean = sum / len; then the
 //     same for the squared deviations from that mean: M2 = sum (x - mean)^2;
 //   * the chunks' (count, mean, M2) are merged with Chan's formula in the fixed pairwise tree
-//     sbn_tree_reduce over the chunk sequence (image-major);
+//     sbn_tree_reduce over the chunk sequence;
 //   * ranks' records are merged in rank order with the same tree.
 // Never E[x^2] - E[x]^2: a chunk subtracts its own mean before squaring.
 //
@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "detops/detail/host_device.h"
 #include "detops/dtype.h"
@@ -34,7 +35,7 @@ namespace detops {
 namespace detail {
 
 inline constexpr int kSbnLanes = 32;
-inline constexpr std::int64_t kSbnChunk = 256;   // positions of one image per chunk (8 per lane)
+inline constexpr std::int64_t kSbnChunk = 256;   // elements per chunk (8 per lane)
 inline constexpr int kSbnFixedBits = 44;         // exact mode: |q| <= 2^44
 inline constexpr std::int64_t kSbnExactMaxCount = std::int64_t{1} << 39;  // so S2 < 2^127
 inline constexpr std::int64_t kSbnZeroExponent = -(std::int64_t{1} << 20);     // every element is 0
@@ -122,17 +123,23 @@ template <class LoadDy, class LoadX>
 DETOPS_HOST_DEVICE inline SbnSums sbn_chunk_sums(const LoadDy& dy, const LoadX& x, double mean, std::int64_t len) {
   double a[kSbnLanes], b[kSbnLanes];
   for (int t = 0; t < kSbnLanes; ++t) a[t] = 0.0, b[t] = 0.0;
-  for (std::int64_t i = 0; i < len; ++i) {
-    const int t = static_cast<int>(i % kSbnLanes);
-    const double g = dy(i);
+  std::int64_t k = 0;
+  for (; k + kSbnLanes <= len; k += kSbnLanes)
+    for (int t = 0; t < kSbnLanes; ++t) {
+      const double g = dy(k + t);
+      a[t] = a[t] + g;
+      b[t] = b[t] + g * (x(k + t) - mean);
+    }
+  for (int t = 0; k + t < len; ++t) {
+    const double g = dy(k + t);
     a[t] = a[t] + g;
-    b[t] = b[t] + g * (x(i) - mean);
+    b[t] = b[t] + g * (x(k + t) - mean);
   }
   return {sbn_lane_tree(a), sbn_lane_tree(b)};
 }
 
-/// Chunks per image for H*W positions.
-DETOPS_HOST_DEVICE inline std::int64_t sbn_chunks_per_image(std::int64_t hw) { return (hw + kSbnChunk - 1) / kSbnChunk; }
+/// Chunks of a channel with `count` = N*H*W elements.
+DETOPS_HOST_DEVICE inline std::int64_t sbn_chunks(std::int64_t count) { return (count + kSbnChunk - 1) / kSbnChunk; }
 
 // ---------------------------------------------------------------------------------------------
 // Exact mode: fixed point.
@@ -147,11 +154,48 @@ DETOPS_HOST_DEVICE inline std::int64_t sbn_exponent(double absmax) {
   return e;
 }
 
-/// Rounds v to the grid 2^(E - kSbnFixedBits) (nearest, ties to even); exact scaling by a power
-/// of two, one rounding. |v| < 2^E, so |q| <= 2^kSbnFixedBits.
+/// 2^k for -1022 <= k <= 1023, built from its bits.
+DETOPS_HOST_DEVICE inline double sbn_pow2(int k) {
+  const std::int64_t bits = static_cast<std::int64_t>(k + 1023) << 52;
+#if DETOPS_ON_DEVICE
+  return __longlong_as_double(bits);
+#else
+  double d;
+  std::memcpy(&d, &bits, 8);
+  return d;
+#endif
+}
+
+/// The factors that scale a value of channel exponent E onto the integer grid: v * f1 * f2 is
+/// v * 2^(kSbnFixedBits - E), exactly (two factors when 2^(44 - E) is not a double). For the two
+/// special exponents the factors are 0 (every value quantizes to 0).
+struct SbnQuantScale {
+  double f1, f2;
+};
+DETOPS_HOST_DEVICE inline SbnQuantScale sbn_quant_scale(std::int64_t e) {
+  if (e == kSbnZeroExponent || e == kSbnNonFiniteExponent) return {0.0, 0.0};
+  const int k = kSbnFixedBits - static_cast<int>(e);  // -980 <= k <= 1118
+  if (k > 1000) return {sbn_pow2(1000), sbn_pow2(k - 1000)};
+  return {sbn_pow2(k), 1.0};
+}
+
+/// Rounds v to the grid 2^(E - kSbnFixedBits), nearest with ties to even, as an integer: the
+/// scaling is exact (or, scaling down, the one correctly rounded product ldexp would give) and
+/// the rounding is (t + 1.5 * 2^52) - 1.5 * 2^52, exact RNE for |t| <= 2^51. |v| < 2^E, so
+/// |q| <= 2^kSbnFixedBits. Needs IEEE evaluation (no fast-math), as the whole library does.
+DETOPS_HOST_DEVICE inline std::int64_t sbn_quantize(double v, const SbnQuantScale& s) {
+  if (s.f1 == 0.0) return 0;  // a special exponent: every value counts as 0
+  double t = (v * s.f1) * s.f2;
+  // |t| <= 2^44 when the exponent covers v; clamp (defined garbage, never UB) when a caller of
+  // the phases passes exponents of other data
+  if (!(t >= -2251799813685248.0)) t = -2251799813685248.0;  // also NaN
+  if (t > 2251799813685248.0) t = 2251799813685248.0;
+  constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
+  const double r = (t + kMagic) - kMagic;
+  return static_cast<std::int64_t>(r);
+}
 DETOPS_HOST_DEVICE inline std::int64_t sbn_quantize(double v, std::int64_t e) {
-  if (e == kSbnZeroExponent || e == kSbnNonFiniteExponent) return 0;
-  return static_cast<std::int64_t>(::llrint(::ldexp(v, kSbnFixedBits - static_cast<int>(e))));
+  return sbn_quantize(v, sbn_quant_scale(e));
 }
 
 using sbn_i128 = __int128;
