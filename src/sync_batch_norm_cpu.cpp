@@ -515,17 +515,20 @@ void sbn_backward_apply_cpu(const TensorView& dy, const TensorView& x, const det
                             const double* mean, const double* invstd, const double* sums, const TensorView& dx,
                             const Context& ctx) {
   const std::int64_t C = x.sizes[1];
-  std::vector<detail::SbnGradCoef> coef(static_cast<std::size_t>(C));
+  // per-channel constants as separate arrays (the channels-inner walk vectorizes over them)
+  std::vector<double> k(static_cast<std::size_t>(C)), mdy(k.size()), kx(k.size()), mu(k.size());
   for (std::int64_t c = 0; c < C; ++c) {
     const double w = detail::sbn_load(weight, c, 1.0);
-    coef[static_cast<std::size_t>(c)] =
-        sums ? detail::sbn_grad_coef(w, mean[c], invstd[c], sums[c], sums[C + c], sums[2 * C])
-             : detail::sbn_grad_coef(w, mean[c], invstd[c], 0.0, 0.0, 0.0);
+    const detail::SbnGradCoef g = sums ? detail::sbn_grad_coef(w, mean[c], invstd[c], sums[c], sums[C + c], sums[2 * C])
+                                       : detail::sbn_grad_coef(w, mean[c], invstd[c], 0.0, 0.0, 0.0);
+    const auto i = static_cast<std::size_t>(c);
+    k[i] = g.k, mdy[i] = g.mdy, kx[i] = g.kx, mu[i] = g.mean;
   }
   dispatch_floating(x.dtype, [&](auto t) {
     using T = decltype(t);
     elementwise<T>(dy, x, dx, ctx, [&](std::int64_t c, double g, double xv) {
-      return from_double<T>(detail::sbn_grad(g, xv, coef[static_cast<std::size_t>(c)]));
+      const auto i = static_cast<std::size_t>(c);
+      return from_double<T>(detail::sbn_grad(g, xv, detail::SbnGradCoef{k[i], mdy[i], kx[i], mu[i]}));
     });
   });
 }
