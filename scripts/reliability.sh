@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The reliability stages of issue 6. Not yet called by scripts/test.sh (so not by CI): run alone,
-# after scripts/test.sh has made build/, until the fuzz targets run clean; then call it from there.
+# The reliability stages of issue 6: stages 3-5 of scripts/test.sh (so of CI), or run alone
+# (stage 5 configures build/ itself when scripts/test.sh has not made it).
 #   ./scripts/reliability.sh             fuzzing (3), ThreadSanitizer (4), large tensors (5)
 #   DETOPS_FUZZ_SECONDS=300 ./scripts/reliability.sh     a longer fuzzing session
 set -euo pipefail
@@ -9,7 +9,7 @@ jobs=$(nproc)
 SECONDS=0
 
 # ---------------------------------------------------------------------------------------------
-# Reliability stages (issue 6), after the two of scripts/test.sh:
+# Reliability stages (issue 6), after the two of scripts/test.sh (which calls this script):
 #   3. build-fuzz/: clang, libFuzzer + ASan + UBSan: each fuzz target (tests/fuzz) runs for
 #      DETOPS_FUZZ_SECONDS (45) from a scratch copy of its committed corpus (plus the regression
 #      inputs), DETOPS_FUZZ_JOBS (nproc) at a time; any crash, sanitizer report or failed check

@@ -2,8 +2,11 @@
 # The test command of the README (and of CI, through .ci/run):
 #   1. build/: Release, CUDA backend when nvcc is found (sm_90 unless DETOPS_CUDA_ARCHITECTURES
 #      says otherwise), every test: cpu, gpu (each skips without a device) and consumer;
-#   2. build-asan/: CPU-only, AddressSanitizer + UBSan at -O1, the cpu tests.
-# DETOPS_SKIP_SANITIZERS=1 skips stage 2 for a quick local run.
+#   2. build-asan/: CPU-only, AddressSanitizer + UBSan at -O1, the cpu tests;
+#   3-5. scripts/reliability.sh: fuzzing (build-fuzz/), ThreadSanitizer (build-tsan/), and the
+#      large-tensor tests (build/, only when MemAvailable >= 14 GiB); see that script.
+# DETOPS_SKIP_SANITIZERS=1 skips stages 2-5 for a quick local run; DETOPS_SKIP_FUZZ=1,
+# DETOPS_SKIP_TSAN=1 and DETOPS_SKIP_LARGE=1 skip one of stages 3-5.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,3 +32,7 @@ cmake --preset asan
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan       # the cpu label, with ASAN_OPTIONS/UBSAN_OPTIONS halt_on_error=1
 echo "== stage 2 done after ${SECONDS}s in all =="
+
+stages_start=$SECONDS
+./scripts/reliability.sh
+echo "== stages 3-5 done in $((SECONDS - stages_start))s (${SECONDS}s in all) =="

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 
 #include "internal/common.h"
@@ -27,6 +28,7 @@ namespace {
 using internal::fail;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 
+using internal::check_no_partial_overlap;
 using internal::check_non_overlapping;
 using internal::check_same_device;
 using internal::check_tensor;
@@ -145,7 +147,13 @@ internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const R
   return check;
 }
 
-/// RAII workspace: the caller's buffer, or one from the context's allocator.
+/// Every workspace the backends see starts on a kWorkspaceAlign boundary: the size reported to
+/// callers includes kWorkspaceAlign - 1 bytes of slack, and ScopedWorkspace rounds the base up.
+constexpr std::size_t kWorkspaceAlign = internal::WorkspaceLayout::kAlign;
+std::size_t with_alignment_slack(std::size_t bytes) { return bytes == 0 ? 0 : bytes + (kWorkspaceAlign - 1); }
+
+/// RAII workspace: the caller's buffer, or one from the context's allocator; get() returns it
+/// with the base rounded up to kWorkspaceAlign (the slack is part of `need`).
 class ScopedWorkspace {
  public:
   ScopedWorkspace(const char* op, Workspace given, std::size_t need, Device device, const Context& ctx)
@@ -167,7 +175,12 @@ class ScopedWorkspace {
   }
   ScopedWorkspace(const ScopedWorkspace&) = delete;
   ScopedWorkspace& operator=(const ScopedWorkspace&) = delete;
-  Workspace get() const { return ws_; }
+  Workspace get() const {
+    if (!ws_.data) return ws_;
+    const auto addr = reinterpret_cast<std::uintptr_t>(ws_.data);
+    const std::size_t pad = (kWorkspaceAlign - addr % kWorkspaceAlign) % kWorkspaceAlign;
+    return Workspace{static_cast<unsigned char*>(ws_.data) + pad, ws_.bytes - pad};
+  }
 
  private:
   Workspace ws_{};
@@ -186,6 +199,12 @@ internal::RoiAlignCall validate_forward(const TensorView& input, const TensorVie
   check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
   check_non_overlapping(op, "output", output);
   check_argmax(op, argmax, o, output, "output", true);
+  // The outputs are written while the inputs are read: no shared byte (not even an exact alias).
+  check_no_partial_overlap(op, "output", output, "input", input, false);
+  check_no_partial_overlap(op, "output", output, "rois", rois, false);
+  check_no_partial_overlap(op, "argmax", argmax, "input", input, false);
+  check_no_partial_overlap(op, "argmax", argmax, "rois", rois, false);
+  check_no_partial_overlap(op, "argmax", argmax, "output", output, false);
   if (rois.sizes[0] > 0 && input.sizes[1] > 0 && (input.sizes[2] == 0 || input.sizes[3] == 0))
     fail(kBad, "{}: input has sizes {}; expected H > 0 and W > 0 when there are rois to pool", op, sizes_str(input));
   internal::RoiAlignCall call{op, input, rois, output, argmax, make_shape(input, rois.sizes[0], o),
@@ -211,6 +230,10 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype, grad_input,
                "grad_input");
   check_argmax(op, argmax, o, grad_output, "grad_output", false, argmax_required);
+  // grad_input is written while the others are read: no shared byte (not even an exact alias).
+  check_no_partial_overlap(op, "grad_input", grad_input, "grad_output", grad_output, false);
+  check_no_partial_overlap(op, "grad_input", grad_input, "rois", rois, false);
+  check_no_partial_overlap(op, "grad_input", grad_input, "argmax", argmax, false);
   if (rois.sizes[0] > 0 && grad_input.sizes[1] > 0 && (grad_input.sizes[2] == 0 || grad_input.sizes[3] == 0))
     fail(kBad, "{}: grad_input has sizes {}; expected H > 0 and W > 0 when there are rois", op, sizes_str(grad_input));
   internal::RoiAlignCall call{op, grad_input, rois, grad_output, argmax, make_shape(grad_input, rois.sizes[0], o),
@@ -235,8 +258,9 @@ std::size_t workspace_bytes(const internal::RoiAlignCall& call, const internal::
       fail(ErrorCode::kOutOfMemory, "{}: the exact mode would need {} slots (4 per sample); expected at most 2^40 "
            "(use fewer rois per call or a smaller sampling_ratio)", call.op, 4.0 * samples);
   }
-  return call.features.device.is_cpu() ? internal::roi_align_backward_workspace_cpu(call, check, mode)
-                                       : internal::roi_align_backward_workspace_cuda(call, check, mode);
+  return with_alignment_slack(call.features.device.is_cpu()
+                                  ? internal::roi_align_backward_workspace_cpu(call, check, mode)
+                                  : internal::roi_align_backward_workspace_cuda(call, check, mode));
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 
 void check_input(const char* op, const char* name, const TensorView& v) {
   internal::check_tensor(op, name, v, 4);
-  if (!internal::is_floating(v.dtype) || v.dtype == DType::kInt64)
+  if (!internal::is_floating(v.dtype))
     fail(kBad, "{}: {} has dtype {}; expected float32, float64, float16 or bfloat16", op, name, dtype_name(v.dtype));
   if (v.device.is_cuda() && !internal::cuda_backend_compiled())
     fail(ErrorCode::kNotCompiled, "{}: {} is on {}; this build of detops has no CUDA backend", op, name,

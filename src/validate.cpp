@@ -13,7 +13,17 @@ namespace {
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 }
 
-bool is_floating(DType t) { return t != DType::kInt32; }
+// An explicit allow-list: any other value (int32, a dtype added later, or a value outside the
+// enumeration) is rejected.
+bool is_floating(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16: return true;
+    default: return false;
+  }
+}
 
 std::string sizes_str(const TensorView& v) {
   std::vector<std::int64_t> s(v.sizes, v.sizes + v.rank);

@@ -1393,6 +1393,34 @@ TEST(FrozenBnBadInputModule, FromStateRejectsBadBuffers) {
     ASSERT_EQ(static_cast<unsigned char*>(y.view().data)[i], 0xA5) << "byte " << i;
 }
 
+// Regression (issue 6): a DType value outside the float dtypes (int32, one added later, or one
+// outside the enumeration) is rejected by every entry point instead of being read as zeros.
+TEST(FrozenBnBadInput, UnknownDTypesAreRejected) {
+  for (int raw : {static_cast<int>(DType::kInt32), static_cast<int>(DType::kInt32) + 1, 9, 200}) {
+    const DType bad = static_cast<DType>(raw);
+    Args a;
+    a.scale.fill_bytes(0xA5);
+    a.shift.fill_bytes(0xA5);
+    BatchNormState st = a.st;
+    st.weight.dtype = st.bias.dtype = st.running_mean.dtype = st.running_var.dtype = bad;
+    std::string msg = what_of([&] { frozen_batch_norm_fold(st, a.scale, a.shift); });
+    EXPECT_NE(msg.find("frozen_batch_norm_fold: weight has dtype"), std::string::npos) << raw << ": " << msg;
+    EXPECT_NE(msg.find("expected a floating dtype"), std::string::npos) << raw << ": " << msg;
+    for (const Tensor* t : {&a.scale, &a.shift})
+      for (std::size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(static_cast<unsigned char*>(t->view().data)[i], 0xA5);
+    msg = what_of([&] { FrozenBatchNorm2d::from_state(st); });
+    EXPECT_NE(msg.find("expected a floating dtype"), std::string::npos) << raw << ": " << msg;
+    TensorView x = a.vx, y = a.vy;
+    x.dtype = y.dtype = bad;
+    msg = what_of([&] { frozen_batch_norm_forward(x, a.vscale, a.vshift, y); });
+    EXPECT_NE(msg.find("x has dtype"), std::string::npos) << raw << ": " << msg;
+    TensorView gy = a.vgy, gx = a.vgx;
+    gy.dtype = gx.dtype = bad;
+    msg = what_of([&] { frozen_batch_norm_backward(gy, a.vscale, gx); });
+    EXPECT_NE(msg.find("grad_y has dtype"), std::string::npos) << raw << ": " << msg;
+  }
+}
+
 // ================================================================================================
 // (g) threads
 

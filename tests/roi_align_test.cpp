@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
 
+#include "detops/detail/roi_align_math.h"
 #include "reference/roi_align_reference.h"
 #include "test_util.h"
 
@@ -481,6 +484,213 @@ TEST(RoiAlignBadInputViews, UncheckedInvalidRowsPoolToZero) {
   roi_align_forward(input, rois, out, o);
   EXPECT_EQ(out.data<float>()[0], 3.0f);
   EXPECT_EQ(out.data<float>()[1], 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regressions of issue 6 (reliability), each also kept as a fuzz input in tests/fuzz/regressions/.
+
+// A roi of zero width with adaptive sampling has no samples along x, whatever its height: the
+// shared geometry helper zeroes both grid axes, so no loop runs over the other axis for nothing
+// (it did grid_h * PH * PW empty iterations: seconds for an all-zero result).
+TEST(RoiAlignRegressions, ZeroWidthAdaptiveRoiHasAnEmptyGrid) {
+  detail::RoiAlignShape s{};
+  s.N = 1, s.C = 1, s.H = 8, s.W = 8, s.K = 1, s.PH = 7, s.PW = 7;
+  s.spatial_scale = 1.0;
+  s.sampling_ratio = 0;
+  s.aligned = true;
+  s.max_samples_per_roi = std::int64_t{1} << 40;
+  const double zero_w[4] = {3, 0, 3, 1e11};  // x1 == x2; tall: grid_h would be ~1.4e10
+  const auto box_f = detail::make_roi_box<float>(0, zero_w, s);
+  EXPECT_EQ(box_f.status, detail::RoiStatus::kOk);
+  EXPECT_EQ(box_f.grid_h, 0);
+  EXPECT_EQ(box_f.grid_w, 0);
+  EXPECT_EQ(box_f.count, 1.0f);
+  const double zero_h[4] = {0, 2, 1e11, 2};  // and the transpose
+  const auto box = detail::make_roi_box<double>(0, zero_h, s);
+  EXPECT_EQ(box.grid_h, 0);
+  EXPECT_EQ(box.grid_w, 0);
+  EXPECT_EQ(box.count, 1.0);
+}
+
+TEST(RoiAlignRegressions, ZeroWidthAdaptiveRoiPoolsToZero) {
+  Tensor input = make_tensor({1, 2, 8, 8}, DType::kFloat32, test::random_values(128, 9, 1.0, 2.0));
+  // 16 zero-width rois of height 1e9 (the fuzz input had 16 such rows: 3.5 s of forward).
+  std::vector<double> rv;
+  for (int k = 0; k < 16; ++k) rv.insert(rv.end(), {0, 1.0 + k % 5, 0, 1.0 + k % 5, 1e9});
+  Tensor rois = make_tensor({16, 5}, DType::kFloat32, rv);
+  RoiAlignOptions o;
+  o.sampling_ratio = 0;
+  o.aligned = true;
+  o.max_samples_per_roi = std::int64_t{1} << 40;
+  Tensor out = Tensor::empty({16, 2, 7, 7}, DType::kFloat32);
+  out.fill_bytes(0xCD);
+  roi_align_forward(input, rois, out, o);
+  for (double x : to_vector(out)) ASSERT_EQ(x, 0.0);  // avg: 0, not NaN (0 / max(count, 1))
+  o.pool_mode = PoolMode::kMax;
+  Tensor am = Tensor::empty({16, 2, 7, 7}, DType::kInt32);
+  out.fill_bytes(0xCD);
+  roi_align_forward(input, rois, out, o, {}, am);
+  for (double x : to_vector(out)) ASSERT_EQ(x, 0.0);  // max of an empty bin: 0
+  for (double x : to_vector(am)) ASSERT_EQ(x, -1.0);  // argmax -1
+  Tensor go = make_tensor({16, 2, 7, 7}, DType::kFloat32, std::vector<double>(16 * 2 * 49, 1.0));
+  for (PoolMode pm : {PoolMode::kAvg, PoolMode::kMax}) {
+    o.pool_mode = pm;
+    for (BackwardMode m : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+      RoiAlignBackwardOptions b;
+      b.mode = m;
+      Tensor gi = Tensor::empty({1, 2, 8, 8}, DType::kFloat32);
+      gi.fill_bytes(0xCD);
+      roi_align_backward(go, rois, gi, o, b, {}, pm == PoolMode::kMax ? am.view() : TensorView{});
+      for (double x : to_vector(gi)) ASSERT_EQ(x, 0.0) << to_string(m) << " " << to_string(pm);
+    }
+  }
+}
+
+// Outputs sharing memory with another argument are rejected (kInvalidArgument, naming both)
+// before anything is written. Every view lives in one arena so the whole of it is compared.
+TEST(RoiAlignRegressions, OutputsOverlappingOtherArgumentsAreRejected) {
+  const std::int64_t kArena = 4096;  // floats
+  Tensor arena = make_tensor({kArena}, DType::kFloat32, test::random_values(kArena, 21, 0.5, 1.5));
+  float* base = arena.data<float>();
+  auto view = [&](std::int64_t offset, std::initializer_list<std::int64_t> sizes, DType dt = DType::kFloat32) {
+    TensorView v{};
+    v.data = base + offset;
+    v.dtype = dt;
+    v.device = Device::cpu();
+    v.rank = static_cast<int>(sizes.size());
+    int d = 0;
+    for (std::int64_t n : sizes) v.sizes[d++] = n;
+    std::int64_t stride = 1;
+    for (int i = v.rank - 1; i >= 0; --i) v.strides[i] = stride, stride *= v.sizes[i];
+    return v;
+  };
+  // Disjoint placement: input [0, 128), rois [1000, 1010), output [2000, 2032), argmax [3000, 3032).
+  const TensorView input = view(0, {1, 2, 8, 8});
+  TensorView rois = view(1000, {2, 5});
+  const float rv[10] = {0, 1, 1, 6, 6, 0, 0, 2, 7, 5};
+  std::copy(rv, rv + 10, base + 1000);
+  const TensorView output = view(2000, {2, 2, 2, 4});
+  const TensorView argmax = view(3000, {2, 2, 2, 4}, DType::kInt32);
+  RoiAlignOptions o;
+  o.pooled_height = 2;
+  o.pooled_width = 4;
+  o.sampling_ratio = 2;
+  auto expect_rejected = [&](const char* what, const std::function<void()>& call, const std::string& message) {
+    const std::vector<double> before = to_vector(arena);
+    try {
+      call();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << what << ": " << e.what();
+    }
+    const std::vector<double> after = to_vector(arena);
+    for (std::size_t i = 0; i < before.size(); ++i)
+      ASSERT_TRUE(before[i] == after[i] || (std::isnan(before[i]) && std::isnan(after[i]))) << what << " wrote " << i;
+  };
+  // The disjoint placement works (avg and max).
+  EXPECT_NO_THROW(roi_align_forward(input, rois, output, o));
+  // forward: output over input, partly and exactly over its start; output over rois.
+  expect_rejected("output in input", [&] { roi_align_forward(input, rois, view(100, {2, 2, 2, 4}), o); },
+                  "roi_align_forward: output overlaps input in memory without being the same view; expected "
+                  "disjoint memory");
+  expect_rejected("output at input", [&] { roi_align_forward(input, rois, view(0, {2, 2, 2, 4}), o); },
+                  "output overlaps input");
+  expect_rejected("output over rois", [&] { roi_align_forward(input, rois, view(990, {2, 2, 2, 4}), o); },
+                  "output overlaps rois");
+  o.pool_mode = PoolMode::kMax;
+  EXPECT_NO_THROW(roi_align_forward(input, rois, output, o, {}, argmax));
+  expect_rejected("argmax in input",
+                  [&] { roi_align_forward(input, rois, output, o, {}, view(64, {2, 2, 2, 4}, DType::kInt32)); },
+                  "argmax overlaps input");
+  expect_rejected("argmax over rois",
+                  [&] { roi_align_forward(input, rois, output, o, {}, view(1005, {2, 2, 2, 4}, DType::kInt32)); },
+                  "argmax overlaps rois");
+  expect_rejected("argmax in output",
+                  [&] { roi_align_forward(input, rois, output, o, {}, view(2016, {2, 2, 2, 4}, DType::kInt32)); },
+                  "argmax overlaps output");
+  // backward: grad_input over grad_output, rois, argmax (reusing output as grad_output).
+  const TensorView& grad_output = output;
+  RoiAlignBackwardOptions b;
+  for (BackwardMode m : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+    b.mode = m;
+    o.pool_mode = PoolMode::kAvg;
+    EXPECT_NO_THROW(roi_align_backward(grad_output, rois, view(128, {1, 2, 8, 8}), o, b));
+    expect_rejected("grad_input over grad_output",
+                    [&] { roi_align_backward(grad_output, rois, view(1900, {1, 2, 8, 8}), o, b); },
+                    "roi_align_backward: grad_input overlaps grad_output in memory");
+    expect_rejected("grad_input over rois", [&] { roi_align_backward(grad_output, rois, view(900, {1, 2, 8, 8}), o, b); },
+                    "grad_input overlaps rois");
+    o.pool_mode = PoolMode::kMax;
+    expect_rejected("grad_input over argmax",
+                    [&] { roi_align_backward(grad_output, rois, view(2950, {1, 2, 8, 8}), o, b, {}, argmax); },
+                    "grad_input overlaps argmax");
+  }
+}
+
+// A caller workspace at any alignment: the library rounds its base up to 256 bytes (the size it
+// reports includes the slack), so int64 and double arrays are never stored misaligned.
+TEST(RoiAlignRegressions, CallerWorkspaceAtAnyAlignment) {
+  const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kAvg, 0);
+  for (BackwardMode m : {BackwardMode::kTruncated, BackwardMode::kExact}) {
+    RoiAlignBackwardOptions b;
+    b.mode = m;
+    Tensor gi0 = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+    const std::size_t bytes = roi_align_backward_workspace_size(w.grad_output, w.rois, gi0, w.opt, b);
+    ASSERT_GT(bytes, 255u);
+    roi_align_backward(w.grad_output, w.rois, gi0, w.opt, b);  // allocated workspace
+    std::vector<unsigned char> buf(bytes + 512);
+    for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{4}, std::size_t{8}, std::size_t{255}}) {
+      // Start exactly `offset` bytes past a 256-byte boundary.
+      const auto addr = reinterpret_cast<std::uintptr_t>(buf.data());
+      unsigned char* p = buf.data() + ((256 - addr % 256) % 256) + offset;
+      ASSERT_LE(p + bytes, buf.data() + buf.size());
+      Tensor gi = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+      gi.fill_bytes(0xCD);
+      roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{p, bytes});
+      EXPECT_TRUE(test::same_bytes(gi, gi0)) << to_string(m) << " offset " << offset;
+      // One byte short is still an error naming the argument, whatever the alignment.
+      gi.fill_bytes(0xCD);
+      try {
+        roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{p, bytes - 1});
+        ADD_FAILURE() << "no error for a workspace one byte short";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("workspace has"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+TEST(RoiAlignRegressions, UnknownDTypesAreRejected) {
+  Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, test::random_values(16, 2));
+  Tensor rois = make_tensor({1, 5}, DType::kFloat32, {0, 0, 0, 2, 2});
+  Tensor out = Tensor::empty({1, 1, 2, 2}, DType::kFloat32);
+  out.fill_bytes(0xA5);
+  const std::vector<unsigned char> poison(out.nbytes(), 0xA5);
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  // int32, the value after the last dtype (a dtype added later must be opted in), far outside.
+  for (int raw : {static_cast<int>(DType::kInt32), static_cast<int>(DType::kInt32) + 1, 9, 200, 255}) {
+    const DType bad = static_cast<DType>(raw);
+    EXPECT_FALSE(dtype_name(bad).empty());
+    EXPECT_GT(dtype_size(bad), 0u);
+    TensorView in = input.view(), r = rois.view(), ou = out.view();
+    in.dtype = ou.dtype = bad;
+    try {
+      roi_align_forward(in, rois, ou, o);
+      ADD_FAILURE() << "no error for dtype " << raw;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("input has dtype"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected a floating dtype"), std::string::npos) << e.what();
+    }
+    r.dtype = bad;
+    EXPECT_THROW(roi_align_forward(input, r, out, o), Error) << raw;
+    TensorView gi = input.view();
+    gi.dtype = bad;
+    EXPECT_THROW(roi_align_backward(ou, rois, gi, o, {}), Error) << raw;
+    EXPECT_THROW(roi_align_backward_workspace_size(ou, rois, gi, o, {}), Error) << raw;
+  }
+  EXPECT_EQ(0, std::memcmp(poison.data(), out.view().data, out.nbytes()));  // untouched
 }
 
 }  // namespace

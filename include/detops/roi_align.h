@@ -27,7 +27,8 @@
 // Errors (detops::Error, thrown before anything is written, outputs left untouched):
 //   wrong ranks or sizes, dtypes or devices that do not match, non-positive pooled size or
 //   spatial_scale, a batch index that is not an integer in [0, N), a non-finite coordinate, a roi
-//   whose adaptive grid exceeds RoiAlignOptions::max_samples_per_roi, a workspace too small.
+//   whose adaptive grid exceeds RoiAlignOptions::max_samples_per_roi, a workspace too small, an
+//   output (output, argmax; grad_input) that shares memory with another argument of the call.
 //   K = 0 (or C = 0) succeeds and does nothing (the backward zero-fills grad_input).
 //
 // CUDA: work is enqueued on Context::cuda_stream. Validating device-resident rois needs their
@@ -105,7 +106,8 @@ std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, con
 /// grad_input = d(loss)/d(input) given grad_output = d(loss)/d(output). grad_input is fully
 /// overwritten (positions no roi touches become 0). `argmax` is the forward's, for kMax.
 /// `workspace`: caller-provided scratch of at least roi_align_backward_workspace_size() bytes, or
-/// empty to use ctx.allocator.
+/// empty to use ctx.allocator. Any alignment is accepted: the library rounds the base up to a
+/// 256-byte boundary, and the reported size includes those up to 255 bytes of slack.
 void roi_align_backward(const TensorView& grad_output, const TensorView& rois, const TensorView& grad_input,
                         const RoiAlignOptions& options, const RoiAlignBackwardOptions& backward,
                         const Context& ctx = {}, const TensorView& argmax = {}, Workspace workspace = {});

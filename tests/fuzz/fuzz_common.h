@@ -179,11 +179,11 @@ class Reader {
   std::size_t n_;
 };
 
-/// Known gaps of the library that the fuzzer tolerates instead of reporting (see README.md in
-/// this directory). A DType value outside the enumeration (e.g. static_cast<DType>(9)) passes the
-/// library's is_floating() check: calls with nothing to compute return normally, others raise
-/// "internal: dtype unknown is not floating", and the fold reads such a buffer as zeros.
-constexpr bool kRejectsUnknownDTypes = false;
+/// A former gap of the library, now closed (see README.md in this directory): a DType value
+/// outside the float dtypes (int32 where a float is needed, or a value outside the enumeration,
+/// e.g. static_cast<DType>(9)) fails is_floating(), so the call must raise kInvalidArgument.
+/// false would tolerate the old behaviour (calls returning, the fold reading such a buffer as 0).
+constexpr bool kRejectsUnknownDTypes = true;
 
 /// What a call must do, from what the decoder injected.
 enum class Expect { kSuccess, kError, kEither };

@@ -9,15 +9,13 @@
 namespace detops {
 namespace fuzz {
 
-/// Known gaps of the library that the fuzzer tolerates instead of reporting (see README.md in
-/// this directory). RoIAlign does not check that an output shares no memory with an input (or
-/// that output and argmax are disjoint): such calls may return anything, but must stay in bounds.
-constexpr bool kRoiAlignRejectsCrossOverlap = false;
-/// roi_align_backward with a caller Workspace whose pointer is not 8-byte aligned stores int64 and
-/// double arrays misaligned (undefined behaviour; a fault on a GPU). Workspace documents no
-/// alignment; when it does (and checks it, or aligns internally), set this to also try pointers
-/// 4 bytes off: the call must then work or raise kInvalidArgument.
-constexpr bool kWorkspaceAlignmentHandled = false;
+/// Former gaps of the library, now closed (see README.md in this directory); false would make the
+/// fuzzer tolerate them again. RoIAlign rejects an output that shares memory with an input (or
+/// output with argmax): such a call must raise kInvalidArgument before writing anything.
+constexpr bool kRoiAlignRejectsCrossOverlap = true;
+/// roi_align_backward rounds a caller Workspace's base up to 256 bytes (the queried size includes
+/// the slack): pointers 4 bytes off are tried too, and the call must then work as any other.
+constexpr bool kWorkspaceAlignmentHandled = true;
 
 enum class RowStatus { kValid, kInvalid, kMaybe };
 

@@ -39,7 +39,7 @@ template <class A>
 struct RoiBox {
   std::int64_t batch;
   A start_h, start_w, bin_h, bin_w;
-  std::int64_t grid_h, grid_w;  // >= 0
+  std::int64_t grid_h, grid_w;  // >= 0; both 0 when either is
   A count;                      // avg divisor of the forward: max(grid_h * grid_w, 1)
   RoiStatus status;
 };
@@ -105,6 +105,11 @@ DETOPS_HOST_DEVICE inline RoiBox<A> make_roi_box(double b, const double* c, cons
   const std::int64_t limit = s.max_samples_per_roi;
   r.grid_h = grid_size<A>(roi_h, s.PH, s.sampling_ratio, limit);
   r.grid_w = grid_size<A>(roi_w, s.PW, s.sampling_ratio, limit);
+  // A bin with no samples along one axis has none at all: zero both, so that no loop runs over
+  // the other axis for nothing (an empty roi with adaptive sampling could otherwise iterate
+  // up to max_samples_per_roi times per bin to produce 0). Avg then gives 0 (count is 1), max
+  // gives 0 with argmax -1, and the backward scatters nothing.
+  if (r.grid_h == 0 || r.grid_w == 0) r.grid_h = r.grid_w = 0;
   // In double: each grid is at most limit + 1, so the product is exact enough to compare.
   if (static_cast<double>(r.grid_h) * static_cast<double>(r.grid_w) * static_cast<double>(s.PH) *
           static_cast<double>(s.PW) > static_cast<double>(limit)) {
