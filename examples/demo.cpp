@@ -12,8 +12,13 @@
 //     --quick       a smaller workload (64 channels, 256 rois) for smoke tests
 //     --json PATH   also write the figures as JSON
 //
+// Then SyncBatchNorm: a batch of 8 images split over 4 ranks (threads of one process, 3/0/4/1
+// images) against the whole batch on one process, in both modes, hashing the statistics and
+// grad_x: the exact mode must give the one-process bytes on every rank.
+//
 // Exit status: 0 when exact mode gave one result per device (and the same bytes on the CPU and the
-// GPU), 1 when it did not or on an error, 2 on a bad command line.
+// GPU) and SyncBatchNorm's exact mode replayed the 4-rank run bit for bit, 1 when not or on an
+// error, 2 on a bad command line.
 //
 // Workload (the P2 level of Mask R-CNN R50-FPN on two 800x1088 images): features [2, 256, 200, 272]
 // float32 NCHW, 1024 rois (512 per image, boxes 16..400 px), 7x7 box head, sampling_ratio 2,
@@ -25,9 +30,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -47,6 +54,13 @@ struct Args {
   int threads = 0;  // 0: all hardware threads
   bool quick = false;
   std::string json;
+};
+
+/// One SyncBatchNorm row: 4 ranks against one process.
+struct SbnRow {
+  std::string mode;
+  bool same_bits = false;  // every rank: statistics and its slice of y and grad_x equal one process's
+  double max_diff = 0;     // largest |4 ranks - one process| over the statistics and grad_x
 };
 
 /// The problem: shapes, options, and the tensors (on the CPU) every device starts from.
@@ -260,7 +274,7 @@ void print_table(const std::vector<Row>& rows) {
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
 void write_json(const std::string& path, const Workload& w, bool quick, const Reference& ref, int threads,
-                const std::string& cuda, const std::vector<Row>& rows, bool ok) {
+                const std::string& cuda, const std::vector<Row>& rows, const std::vector<SbnRow>& sbn, bool ok) {
   std::string s = "{\n";
   s += fmt::format("  \"detops_version\": \"{}\",\n", version_string());
   s += fmt::format(
@@ -283,12 +297,120 @@ void write_json(const std::string& path, const Workload& w, bool quick, const Re
         r.distinct, fmt::join(hashes, ", "), json_number(r.max_diff),
         r.same_as_cpu ? (*r.same_as_cpu ? "true" : "false") : "null", i + 1 < rows.size() ? "," : "");
   }
-  s += fmt::format("  ],\n  \"exact_reproducible\": {}\n}}\n", ok ? "true" : "false");
+  s += "  ],\n  \"sync_batch_norm_4_ranks_vs_one_process\": [";
+  for (std::size_t i = 0; i < sbn.size(); ++i)
+    s += fmt::format("{}{{\"mode\": \"{}\", \"same_bits\": {}, \"max_abs_diff\": {}}}", i ? ", " : "", sbn[i].mode,
+                     sbn[i].same_bits ? "true" : "false", json_number(sbn[i].max_diff));
+  s += fmt::format("],\n  \"exact_reproducible\": {}\n}}\n", ok ? "true" : "false");
 
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) throw std::runtime_error(fmt::format("cannot open {} for writing", path));
   const bool written = std::fputs(s.c_str(), f) >= 0;
   if (std::fclose(f) != 0 || !written) throw std::runtime_error(fmt::format("cannot write {}", path));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SyncBatchNorm: 4 ranks vs one process
+
+struct SbnRun {
+  std::vector<Tensor> y, grad_x;  // per rank (one entry for one process)
+  std::vector<Tensor> mean, invstd;
+};
+
+/// Forward + backward of images [split[r], split[r + 1]) on rank r of a ThreadGroup (one rank:
+/// communicator nullptr).
+SbnRun run_sbn(const Tensor& x, const Tensor& dy, const std::vector<std::int64_t>& split, SyncBnMode mode,
+               int threads) {
+  const int ranks = static_cast<int>(split.size()) - 1;
+  const TensorView xv = x.view();
+  const std::int64_t C = xv.sizes[1], H = xv.sizes[2], W = xv.sizes[3];
+  SbnRun out;
+  out.y.resize(static_cast<std::size_t>(ranks));
+  out.grad_x.resize(out.y.size());
+  out.mean.resize(out.y.size());
+  out.invstd.resize(out.y.size());
+  ThreadGroup group(ranks);
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> pool;
+  for (int r = 0; r < ranks; ++r)
+    pool.emplace_back([&, r] {
+      try {
+        const auto i = static_cast<std::size_t>(r);
+        const std::int64_t n0 = split[i], n1 = split[i + 1];
+        auto slice = [&](const Tensor& t) {
+          TensorView v = t.view();
+          v.sizes[0] = n1 - n0;
+          v.data = static_cast<float*>(v.data) + n0 * v.strides[0];
+          return v;
+        };
+        Tensor w = test::make_tensor({C}, DType::kFloat32, std::vector<double>(static_cast<std::size_t>(C), 1.0));
+        Tensor b = Tensor::zeros({C}, DType::kFloat32);
+        Tensor rm = Tensor::zeros({C}, DType::kFloat32);
+        Tensor rv = test::make_tensor({C}, DType::kFloat32, std::vector<double>(static_cast<std::size_t>(C), 1.0));
+        out.y[i] = Tensor::empty({n1 - n0, C, H, W}, DType::kFloat32);
+        out.grad_x[i] = Tensor::empty({n1 - n0, C, H, W}, DType::kFloat32);
+        out.mean[i] = Tensor::empty({C}, DType::kFloat64);
+        out.invstd[i] = Tensor::empty({C}, DType::kFloat64);
+        const std::unique_ptr<Communicator> comm = ranks > 1 ? group.communicator(r) : nullptr;
+        SyncBnOptions o;
+        o.mode = mode;
+        Context ctx;
+        ctx.num_threads = threads;
+        sync_batch_norm_forward(slice(x), SyncBnParams{w, b, rm, rv, {}}, out.y[i], out.mean[i], out.invstd[i],
+                                comm.get(), o, ctx);
+        sync_batch_norm_backward(slice(dy), slice(x), w, out.mean[i], out.invstd[i], out.grad_x[i], {}, {}, comm.get(),
+                                 o, ctx);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+        group.abort(e.what());
+      }
+    });
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error(e);
+  return out;
+}
+
+/// 4 ranks vs one process, both modes; prints the table and returns the rows.
+std::vector<SbnRow> sync_bn_demo(bool quick, int threads) {
+  const std::int64_t N = 8, C = quick ? 16 : 64, H = 28, W = 28;
+  const auto n = static_cast<std::size_t>(N * C * H * W);
+  std::vector<double> xs = test::random_values(n, 42, -1.0, 1.0);
+  for (std::size_t i = 0; i < n; ++i)
+    if ((i / static_cast<std::size_t>(H * W)) % static_cast<std::size_t>(C) == 0) xs[i] += 1e4;  // channel 0: mean 1e4
+  const Tensor x = test::make_tensor({N, C, H, W}, DType::kFloat32, xs);
+  const Tensor dy = test::make_tensor({N, C, H, W}, DType::kFloat32, test::random_values(n, 43, -1.0, 1.0));
+  const std::vector<std::int64_t> split{0, 3, 3, 7, 8};
+  fmt::print("\nSyncBatchNorm: x [{}, {}, {}, {}] float32 (channel 0 has mean 1e4), 4 ranks as threads holding 3, 0, 4, 1 "
+             "images,\nagainst the whole batch on one process (forward + backward)\n",
+             N, C, H, W);
+  fmt::print("{:<10} {:>36} {:>30}\n", "mode", "4 ranks == one process, bit for bit", "max |diff| (stats, grad_x)");
+  std::vector<SbnRow> rows;
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    progress(fmt::format("SyncBatchNorm {} mode...", mode == SyncBnMode::kExact ? "exact" : "default"));
+    const SbnRun one = run_sbn(x, dy, {0, N}, mode, threads);
+    const SbnRun four = run_sbn(x, dy, split, mode, threads);
+    SbnRow row;
+    row.mode = mode == SyncBnMode::kExact ? "exact" : "default";
+    row.same_bits = true;
+    const std::vector<double> gx = test::to_vector(one.grad_x[0]), y1 = test::to_vector(one.y[0]);
+    const std::size_t per = static_cast<std::size_t>(C * H * W);
+    for (std::size_t r = 0; r < four.y.size(); ++r) {
+      row.same_bits = row.same_bits && test::same_bytes(four.mean[r], one.mean[0]) &&
+                      test::same_bytes(four.invstd[r], one.invstd[0]);
+      const std::vector<double> g = test::to_vector(four.grad_x[r]), y = test::to_vector(four.y[r]);
+      const std::size_t off = static_cast<std::size_t>(split[r]) * per;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        row.same_bits = row.same_bits && g[i] == gx[off + i] && y[i] == y1[off + i];
+        row.max_diff = std::max(row.max_diff, std::abs(g[i] - gx[off + i]));
+      }
+      const std::vector<double> m4 = test::to_vector(four.mean[r]), m1 = test::to_vector(one.mean[0]);
+      for (std::size_t c = 0; c < m4.size(); ++c) row.max_diff = std::max(row.max_diff, std::abs(m4[c] - m1[c]));
+    }
+    fmt::print("{:<10} {:>36} {:>30.3e}\n", row.mode, row.same_bits ? "yes" : "no", row.max_diff);
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -390,8 +512,15 @@ int main(int argc, char** argv) {
     fmt::print("exact-mode grad_input hash: {}\n", fmt::join(exact_hashes, ", "));
     fmt::print("{}\n", ok ? "exact mode: bitwise reproducible" : "exact mode: NOT reproducible (a bug; please report)");
 
+    // SyncBatchNorm's exact mode: a multi-rank run replays on one process
+    const std::vector<SbnRow> sbn = sync_bn_demo(args->quick, args->threads);
+    for (const SbnRow& r : sbn)
+      if (r.mode == "exact") ok = ok && r.same_bits;
+    fmt::print("{}\n", ok ? "SyncBatchNorm exact mode: the 4-rank run equals one process bit for bit"
+                           : "SyncBatchNorm exact mode: NOT equal (a bug; please report)");
+
     if (!args->json.empty()) {
-      write_json(args->json, w, args->quick, ref, ctx.resolved_threads(), cuda, rows, ok);
+      write_json(args->json, w, args->quick, ref, ctx.resolved_threads(), cuda, rows, sbn, ok);
       progress(fmt::format("wrote {}", args->json));
     }
     return ok ? 0 : 1;

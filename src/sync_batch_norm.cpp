@@ -235,7 +235,8 @@ std::string describe_flags(std::int64_t f) {
 /// kCommunication error (on the others) when any rank failed, and kCommunication on any
 /// disagreement. Without a check, only rethrows the local error.
 void agree(const char* op, Communicator* comm, const SyncBnOptions& o, Header mine, std::exception_ptr local_error) {
-  const bool exchange = comm && comm->size() > 1 && o.check_ranks;
+  // evaluation communicates nothing (a rank may evaluate alone), not even the header
+  const bool exchange = comm && comm->size() > 1 && o.check_ranks && o.training;
   if (!exchange) {
     if (local_error) std::rethrow_exception(local_error);
     return;

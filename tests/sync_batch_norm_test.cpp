@@ -483,9 +483,8 @@ TEST(SyncBn, EvaluationModeUsesRunningStatistics) {
   const Tensor m = Tensor::zeros({3}, DType::kFloat64), is = Tensor::zeros({3}, DType::kFloat64);
   SyncBnOptions o;
   o.training = false;
-  ThreadGroup never(2);  // evaluation never communicates: one rank alone must not block
-  auto comm = never.communicator(0);
-  o.check_ranks = false;
+  ThreadGroup never(2, std::chrono::milliseconds(200));  // evaluation never communicates: one rank
+  auto comm = never.communicator(0);                       // alone must not block (nor time out)
   sync_batch_norm_forward(x, SyncBnParams{w, b, rm, rv, {}}, y, m, is, comm.get(), o);
   sync_batch_norm_backward(dy, x, w, m, is, dx, {}, {}, comm.get(), o);
   const auto yv = to_vector(y), dxv = to_vector(dx);

@@ -59,11 +59,11 @@ struct SyncBnOptions {
   SyncBnMode mode = SyncBnMode::kDefault;
   /// Training (global batch statistics) or evaluation (running statistics, no communication).
   bool training = true;
-  /// Before the statistics, exchange a 32-byte header (channels, dtype, mode, flags, call
-  /// sequence number, whether this rank's arguments are valid) and raise on every rank when the
-  /// ranks disagree or one of them failed its checks, instead of hanging or mixing layers. Costs
-  /// one small all-gather (and, on CUDA, one wait on the stream). Turn off only for speed once a
-  /// training step has run with it on.
+  /// In training, before the statistics, exchange a 40-byte header (channels, dtype, mode,
+  /// flags, call sequence number, whether this rank's arguments are valid) and raise on every
+  /// rank when the ranks disagree or one of them failed its checks, instead of hanging or mixing
+  /// layers. Costs one small all-gather of host memory. Turn off only for speed once a training
+  /// step has run with it on.
   bool check_ranks = true;
 };
 
@@ -80,7 +80,8 @@ struct SyncBnParams {
 /// Forward. Training: global statistics over `comm` (nullptr: this process alone), written to
 /// save_mean and save_invstd ([C] float64 on x's device, needed by the backward), running
 /// statistics updated, y written. Evaluation (opts.training = false): running statistics are
-/// used (and required), save_mean/save_invstd receive them, nothing is communicated.
+/// used (and required), save_mean/save_invstd receive them, nothing is communicated (a rank may
+/// evaluate alone).
 /// y may be x (in place). Every rank of comm must call it, in the same order as its other
 /// detops collective calls; with opts.check_ranks a disagreement raises on every rank.
 /// CUDA: work is ordered on ctx.cuda_stream; engines that do not take device memory (threads,
