@@ -231,6 +231,16 @@ std::string describe_flags(std::int64_t f) {
                      (f >> 19) & 1 ? " +c" : "");
 }
 
+/// A header before validation: the communicator's next sequence number (only training calls
+/// are collective, so only they count), channels unknown.
+Header start_header(Communicator* comm, const SyncBnOptions& o, std::int64_t op) {
+  Header h{};
+  h.sequence = comm && o.training ? static_cast<std::int64_t>(comm->next_sequence()) : 0;
+  h.channels = -1;
+  h.flags = op;
+  return h;
+}
+
 /// Exchanges headers when asked; throws the local error (on the failing rank) or a
 /// kCommunication error (on the others) when any rank failed, and kCommunication on any
 /// disagreement. Without a check, only rethrows the local error.
@@ -311,6 +321,19 @@ void backward_apply(const TensorView& dy, const TensorView& x, const TensorView&
                     const double* invstd, const double* sums, const TensorView& dx, const Context& ctx) {
   if (on_cpu(x)) internal::sbn_backward_apply_cpu(dy, x, param_of(weight), mean, invstd, sums, dx, ctx);
   else internal::sbn_backward_apply_cuda(dy, x, param_of(weight), mean, invstd, sums, dx, ctx);
+}
+
+/// Exact mode: this rank's exponents, gathered over the ranks and merged, in scratch laid out as
+/// [local words | gathered ranks * words | merged words]; returns the merged ones.
+std::int64_t* agree_scales(Communicator* comm, std::int64_t ranks, const TensorView& x, const TensorView& dy,
+                           const double* mean, std::int64_t words, std::int64_t* scratch, const Context& ctx) {
+  std::int64_t* local = scratch;
+  std::int64_t* all = scratch + words;
+  std::int64_t* merged = all + ranks * words;
+  local_scales(x, dy, mean, local, ctx);
+  if (ranks > 1) gather_words(*comm, local, words, all, x.device, ctx);
+  merge_scales(ranks > 1 ? all : local, ranks > 1 ? ranks : 1, words, merged, x.device, ctx);
+  return merged;
 }
 
 detail::SbnFinalizeArgs finalize_args(const std::int64_t* gathered, std::int64_t ranks, std::int64_t C,
@@ -509,10 +532,7 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
                              const TensorView& save_mean, const TensorView& save_invstd, Communicator* comm,
                              const SyncBnOptions& opts, const Context& ctx) {
   const char* op = "sync_batch_norm_forward";
-  Header mine{};
-  mine.sequence = comm ? static_cast<std::int64_t>(comm->next_sequence()) : 0;
-  mine.channels = -1;
-  mine.flags = kOpForward;
+  Header mine = start_header(comm, opts, kOpForward);
   std::exception_ptr local_error;
   bool running = false;
   try {
@@ -563,18 +583,7 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
   Scratch scratch(static_cast<std::size_t>(scale_words + words * (1 + ranks)) * sizeof(std::int64_t), x.device, ctx);
   std::int64_t* base = scratch.as<std::int64_t>();
   std::int64_t* scales = nullptr;
-  if (exact) {
-    std::int64_t* local = base;
-    std::int64_t* all = base + C;
-    scales = all + ranks * C;
-    local_scales(x, TensorView{}, nullptr, local, ctx);
-    if (ranks > 1) {
-      gather_words(*comm, local, C, all, x.device, ctx);
-      merge_scales(all, ranks, C, scales, x.device, ctx);
-    } else {
-      merge_scales(local, 1, C, scales, x.device, ctx);
-    }
-  }
+  if (exact) scales = agree_scales(comm, ranks, x, TensorView{}, nullptr, C, base, ctx);
   std::int64_t* record = base + scale_words;
   std::int64_t* gathered = record + words;
   local_stats(x, exact, scales, record, ctx);
@@ -589,10 +598,7 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
                               const TensorView& grad_weight, const TensorView& grad_bias, Communicator* comm,
                               const SyncBnOptions& opts, const Context& ctx) {
   const char* op = "sync_batch_norm_backward";
-  Header mine{};
-  mine.sequence = comm ? static_cast<std::int64_t>(comm->next_sequence()) : 0;
-  mine.channels = -1;
-  mine.flags = kOpBackward;
+  Header mine = start_header(comm, opts, kOpBackward);
   std::exception_ptr local_error;
   try {
     check_options(op, opts);
@@ -645,18 +651,7 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
                   x.device, ctx);
   std::int64_t* base = scratch.as<std::int64_t>();
   std::int64_t* scales = nullptr;
-  if (exact) {
-    std::int64_t* local = base;
-    std::int64_t* all = base + 2 * C;
-    scales = all + ranks * 2 * C;
-    local_scales(x, grad_y, mean, local, ctx);
-    if (ranks > 1) {
-      gather_words(*comm, local, 2 * C, all, x.device, ctx);
-      merge_scales(all, ranks, 2 * C, scales, x.device, ctx);
-    } else {
-      merge_scales(local, 1, 2 * C, scales, x.device, ctx);
-    }
-  }
+  if (exact) scales = agree_scales(comm, ranks, x, grad_y, mean, 2 * C, base, ctx);
   std::int64_t* record = base + scale_words;
   std::int64_t* gathered = record + words;
   double* sums = reinterpret_cast<double*>(gathered + ranks * words);

@@ -717,6 +717,21 @@ TEST(SyncBnRanks, DisagreementRaisesOnEveryRank) {
   for (const auto& e : res) EXPECT_EQ(e.first, comm_code) << e.second;
 }
 
+TEST(SyncBnRanks, EvaluationOnOneRankDoesNotDesynchronizeTraining) {
+  // only rank 0 evaluates (no communication, no sequence number); then both train together
+  auto res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) {
+    Layer l(4);
+    const Tensor rm = Tensor::zeros({4}, DType::kFloat32), rv = make_tensor({4}, DType::kFloat32, {1, 1, 1, 1});
+    if (r == 0) {
+      SyncBnOptions eval;
+      eval.training = false;
+      sync_batch_norm_forward(l.x, SyncBnParams{l.w, l.b, rm, rv, {}}, l.y, l.mean, l.invstd, c, eval);
+    }
+    l.forward(c);
+  });
+  for (const auto& e : res) EXPECT_EQ(e.first, -1) << e.second;
+}
+
 TEST(SyncBnRanks, AFailingRankMakesEveryRankRaise) {
   auto res = on_group(3, std::chrono::seconds(20), [](int r, Communicator* c) {
     Layer l(4);
