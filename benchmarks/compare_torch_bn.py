@@ -41,21 +41,17 @@ On a GPU machine (scripts/gpu-check.sh): --device cuda --rounds 3 --max-seconds 
 """
 
 import argparse
-import datetime
-import json
-import os
 import platform
-import re
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench_common import (TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
+                          ensure_torch, file_time, find_bench, fmt_ratio, git_describe, loadavg, machine_info,
+                          output_paths, paired_ratio, print_round, ratio_of_medians, summarize, timing_settings,
+                          write_outputs)
+
+PROG = "compare_torch_bn"
 
 # The shapes of benchmarks/sync_batch_norm_bench.cpp (keep in sync)
 SHAPES = {"res2": (2, 256, 200, 272), "res5": (2, 2048, 25, 34), "box": (512, 256, 7, 7)}
@@ -63,131 +59,9 @@ EPS, MOMENTUM = 1e-5, 0.1
 TARGET = "SyncBatchNorm on one rank no slower than torch.nn.BatchNorm2d training forward+backward"
 
 
-def ensure_torch():
-    """Imports torch; where this interpreter has none, re-runs the script under one that has."""
-    try:
-        import torch  # noqa: F401
-        return True
-    except ImportError:
-        pass
-    if os.environ.get("DETOPS_COMPARE_REEXEC"):
-        return False
-    for cand in (os.environ.get("PYTHON"), "/usr/bin/python3", "/usr/local/bin/python3"):
-        if not cand or not os.path.exists(cand) or os.path.realpath(cand) == os.path.realpath(sys.executable):
-            continue
-        if subprocess.run([cand, "-c", "import torch"], capture_output=True).returncode == 0:
-            print(f"compare_torch_bn: no torch in {sys.executable}; re-running under {cand}", file=sys.stderr,
-                  flush=True)
-            env = dict(os.environ, DETOPS_COMPARE_REEXEC="1")
-            os.execve(cand, [cand, os.path.abspath(__file__)] + sys.argv[1:], env)
-    return False
-
-
-def read_first(path, pattern):
-    try:
-        with open(path) as f:
-            for line in f:
-                m = re.match(pattern, line)
-                if m:
-                    return m.group(1).strip()
-    except OSError:
-        pass
-    return None
-
-
-def machine_info():
-    info = {
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu_model": read_first("/proc/cpuinfo", r"model name\s*:\s*(.*)"),
-        "logical_cpus": os.cpu_count(),
-        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "mem_total": read_first("/proc/meminfo", r"MemTotal:\s*(.*)"),
-        "python_executable": sys.executable,
-    }
-    if shutil.which("nvidia-smi"):
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        info["nvidia_smi"] = p.stdout.strip() or p.stderr.strip()
-    return info
-
-
-def loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-# ------------------------------------------------------------------------------------------------
-# detops_bench
-
-
-def find_bench(explicit):
-    cands = [explicit or os.environ.get("DETOPS_BENCH")]
-    cands += [os.path.join(ROOT, d, "benchmarks", "detops_bench") for d in ("build-gpu", "build", "build-cpu")]
-    for c in cands:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return os.path.abspath(c)
-    return None
-
-
 def bench_name(device, shape, layout, mode, threads):
     n = f"BM_SyncBnTrainStep/{device}/{shape}/f32/{layout}/{mode}"
     return n + (f"/t{threads}" if device == "cpu" else "")
-
-
-class Bench:
-    """detops_bench, one process per measurement, with every configuration registered."""
-
-    def __init__(self, path, min_time, timeout):
-        self.path, self.min_time, self.timeout = path, min_time, timeout
-        self.env = dict(os.environ, DETOPS_BENCH_FULL="1")
-        self.min_time_suffix = ""  # Google Benchmark >= 1.8 prefers "0.5s"
-        p = subprocess.run([path, "--benchmark_list_tests=true"], capture_output=True, text=True, timeout=120,
-                           env=self.env)
-        lines = p.stdout.splitlines()
-        self.banner = lines[0] if lines and lines[0].startswith("detops ") else ""
-        self.names = set()
-        for line in lines:
-            m = re.match(r"^(BM_\S+?)(/real_time|/manual_time)?$", line.strip())
-            if m:
-                self.names.add(m.group(1))
-        self.context = {}
-
-    def has(self, name):
-        return name in self.names
-
-    def run(self, name):
-        """{'ms': per-iteration time, 'iterations': n} or {'error': why}."""
-        regex = "^" + re.escape(name).replace("\\/", "/") + "(/real_time|/manual_time)?$"
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out.json")
-            for attempt in range(2):
-                cmd = [self.path, f"--benchmark_filter={regex}", f"--benchmark_out={out}",
-                       "--benchmark_out_format=json", f"--benchmark_min_time={self.min_time}{self.min_time_suffix}"]
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout, env=self.env)
-                except subprocess.TimeoutExpired:
-                    return {"error": f"timed out after {self.timeout} s"}
-                if p.returncode != 0 and attempt == 0 and "min_time" in (p.stderr + p.stdout) and not self.min_time_suffix:
-                    self.min_time_suffix = "s"
-                    continue
-                break
-            if p.returncode != 0 or not os.path.exists(out):
-                return {"error": f"detops_bench exited {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"}
-            with open(out) as f:
-                data = json.load(f)
-        if not self.context:
-            self.context = data.get("context", {})
-        runs = [b for b in data.get("benchmarks", []) if b.get("run_type", "iteration") == "iteration"]
-        if not runs:
-            return {"error": "no benchmark matched " + regex}
-        b = runs[0]
-        if b.get("error_occurred"):
-            return {"error": b.get("error_message", "skipped")}
-        scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
-        return {"ms": b["real_time"] * scale, "iterations": b.get("iterations")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,33 +115,6 @@ class TorchBN:
 
 # ------------------------------------------------------------------------------------------------
 # Summaries and the table
-
-
-def summarize(samples):
-    vals = [v for v in samples if v is not None]
-    if not vals:
-        return None
-    m = statistics.median(vals)
-    spread = 50.0 * (max(vals) - min(vals)) / m if len(vals) > 1 and m else None
-    return {"median": m, "min": min(vals), "max": max(vals), "n": len(vals), "spread_pct": spread,
-            "samples": [round(v, 4) for v in vals]}
-
-
-def fmt_ms(v):
-    if v is None:
-        return "-"
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
-
-
-def fmt_ratio(v):
-    return "-" if v is None else (f"{v:.2f}x" if v < 10 else f"{v:.1f}x")
-
-
-def cell(s):
-    if not s:
-        return "-"
-    sp = s.get("spread_pct")
-    return fmt_ms(s["median"]) + (f" +-{sp:.0f}%" if sp is not None else "")
 
 
 def check_target(results):
@@ -332,28 +179,17 @@ def main():
     ap.add_argument("--layouts", default="nchw,nhwc")
     ap.add_argument("--threads", default="1,2", help="CPU thread counts (torch.set_num_threads = detops /t<n>)")
     ap.add_argument("--modes", default="default", help="detops modes: default,exact (default: default)")
-    ap.add_argument("--rounds", type=int, help="alternating rounds (default 5; --quick 1)")
-    ap.add_argument("--calls", type=int, help="torch calls per round on the CPU, median taken (default 3)")
-    ap.add_argument("--cuda-calls", type=int, help="the same on CUDA (default 20)")
-    ap.add_argument("--min-time", type=float, help="detops_bench --benchmark_min_time, s (default 0.5; --quick 0.01)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 call, short min_time")
-    ap.add_argument("--bench-timeout", type=int, default=300, help="seconds per detops_bench run")
-    ap.add_argument("--max-seconds", type=float, help="start no round that would end past this many seconds "
-                                                     "(at least one round runs)")
-    ap.add_argument("--note", action="append", default=[], help="a note for the JSON (repeatable)")
+    add_timing_args(ap, "torch")
     args = ap.parse_args()
 
-    have_torch = ensure_torch()
-    rounds = args.rounds or (1 if args.quick else 5)
-    calls = args.calls or (1 if args.quick else 3)
-    cuda_calls = args.cuda_calls or (5 if args.quick else 20)
-    min_time = args.min_time if args.min_time is not None else (0.01 if args.quick else 0.5)
+    have_torch = ensure_torch(PROG, __file__)
+    rounds, calls, cuda_calls, min_time = timing_settings(args)
 
     bench_path = find_bench(args.bench)
     if not bench_path:
-        print("compare_torch_bn: detops_bench not found (build it, or pass --bench / DETOPS_BENCH)", file=sys.stderr)
+        print(f"{PROG}: detops_bench not found (build it, or pass --bench / DETOPS_BENCH)", file=sys.stderr)
         return 2
-    bench = Bench(bench_path, min_time, args.bench_timeout)
+    bench = Bench(bench_path, min_time, args.bench_timeout, env={"DETOPS_BENCH_FULL": "1"})
 
     torch = None
     versions = {}
@@ -366,13 +202,13 @@ def main():
         print("compare_torch_bn: no torch importable: timing detops only", file=sys.stderr)
     cuda_ok = bool(torch and torch.cuda.is_available())
 
-    devices = [d for d in args.device.split(",") if d]
-    shapes = [s for s in args.shapes.split(",") if s]
+    devices = csv_list(args.device)
+    shapes = csv_list(args.shapes)
     for s in shapes:
         if s not in SHAPES:
             ap.error(f"unknown shape {s!r}; expected some of {','.join(SHAPES)}")
-    layouts = [x for x in args.layouts.split(",") if x]
-    modes = [x for x in args.modes.split(",") if x]
+    layouts = csv_list(args.layouts)
+    modes = csv_list(args.modes)
     groups = []
     for dev in devices:
         for shape in shapes:
@@ -418,12 +254,7 @@ def main():
         torch.cuda.synchronize()
 
     rounds_done = 0
-    for rnd in range(rounds):
-        if rnd and args.max_seconds:
-            per_round = (time.time() - t_start) / rnd
-            if time.time() - t_start + per_round > args.max_seconds:
-                print(f"compare_torch_bn: stopping after {rnd} rounds (--max-seconds {args.max_seconds:g})", flush=True)
-                break
+    for rnd in alternating_rounds(PROG, rounds, args.max_seconds, t_start):
         rounds_done += 1
         for gi, g in enumerate(groups):
             if gi in tside:
@@ -434,21 +265,10 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     torch_errors[gi] = f"{type(e).__name__}: {str(e).strip()[:300]}"
                     del tside[gi]
-            for row in g["rows"]:
-                if not bench.has(row["benchmark"]):
-                    errors[row["benchmark"]] = "not registered by this detops_bench"
-                    continue
-                r = bench.run(row["benchmark"])
-                if "error" in r:
-                    errors[row["benchmark"]] = r["error"]
-                else:
-                    samples.setdefault((gi, "detops:" + row["mode"]), []).append(r["ms"])
+            bench.run_rows(gi, g["rows"], samples, errors)
             label = f"{g['device']} {g['shape']} {g['layout']}" + (f" t{g['threads']}" if g["threads"] else "")
-            tm = samples.get((gi, "torch"), [None])[-1]
-            dm = " ".join(f"{row['mode']}={fmt_ms(samples.get((gi, 'detops:' + row['mode']), [None])[-1])}"
-                          for row in g["rows"])
-            print(f"  round {rnd + 1}/{rounds} [{time.time() - t_start:6.0f} s, load {loadavg()}] {label:<20} "
-                  f"torch={fmt_ms(tm)} {dm}", flush=True)
+            print_round(rnd, rounds, t_start, label, 20, "torch", samples.get((gi, "torch"), [None])[-1], gi,
+                        g["rows"], samples)
         load_samples.append({"t": round(time.time() - t_start, 1), "load": loadavg()})
     if torch:
         torch.set_num_threads(default_threads)
@@ -458,65 +278,38 @@ def main():
         tsum = summarize(samples.get((gi, "torch"), []))
         for row in g["rows"]:
             d = summarize(samples.get((gi, "detops:" + row["mode"]), []))
-            ratio = tsum["median"] / d["median"] if tsum and d else None
-            paired = None
-            if tsum and d and len(tsum["samples"]) == len(d["samples"]):
-                paired = statistics.median(a / b for a, b in zip(tsum["samples"], d["samples"]))
+            ratio, paired = ratio_of_medians(tsum, d), paired_ratio(tsum, d)
             results.append({"device": g["device"], "shape": g["shape"], "input": list(SHAPES[g["shape"]]),
                             "layout": g["layout"], "threads": g["threads"], "mode": row["mode"],
                             "benchmark": row["benchmark"], "torch_ms": tsum, "detops_ms": d, "ratio": ratio,
                             "ratio_paired": paired, "detops_error": errors.get(row["benchmark"]),
                             "torch_error": torch_errors.get(gi)})
 
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        head = None
     ctx = bench.context
-    versions.update(git=head, detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
+    versions.update(git=git_describe(), detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
                     google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version(),
-                    bench_built=datetime.datetime.fromtimestamp(os.path.getmtime(bench_path)).isoformat(
-                        timespec="seconds"))
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
-    json_path = args.out or os.path.join(HERE, "results", f"compare-bn-{host}-{datetime.date.today().isoformat()}.json")
-    table_path = args.table or os.path.splitext(json_path)[0] + ".txt"
+                    bench_built=file_time(bench_path))
+    json_path, table_path = output_paths(args.out, args.table, "compare-bn")
     doc = {
-        "schema": "detops-compare-torch-bn/1",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
-        "duration_s": round(time.time() - t_start, 1),
+        **doc_head("detops-compare-torch-bn/1", __file__, t_start),
         "workload": {"shapes": {s: list(SHAPES[s]) for s in shapes}, "dtype": "float32", "eps": EPS,
                      "momentum": MOMENTUM, "affine": True, "track_running_stats": True},
         "settings": {"rounds": rounds_done, "rounds_requested": rounds, "calls_per_round": calls,
                      "cuda_calls_per_round": cuda_calls, "min_time_s": min_time, "quick": args.quick,
                      "devices": devices, "layouts": layouts, "modes": modes,
                      "threads": [int(x) for x in args.threads.split(",")], "torch_default_threads": default_threads,
-                     "timing": {"cpu": "wall clock (time.perf_counter; Google Benchmark real_time)",
-                                "cuda": "CUDA events (torch.cuda.Event; Google Benchmark manual_time)"},
+                     "timing": TIMING,
                      "what_is_timed": {
                          "torch": "y = BatchNorm2d(C).train()(x); torch.autograd.grad(y, (x, weight, bias), "
                                   "grad_y); NHWC: x and grad_y channels_last",
                          "detops": "BM_SyncBnTrainStep: sync_batch_norm_forward + sync_batch_norm_backward, "
                                    "communicator nullptr, preallocated outputs"}},
-        "machine": machine,
-        "load_average": {"start": load_samples[0]["load"], "end": loadavg(), "per_round": load_samples},
-        "versions": versions,
-        "bench": {"path": bench_path, "banner": bench.banner, "context": ctx},
+        **doc_run(machine, load_samples, versions, bench, bench_path),
         "results": results,
         "notes": args.note,
     }
     doc["target"] = check_target(results)
-    table = render_table(doc)
-    print()
-    print(table)
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    with open(table_path, "w") as f:
-        f.write(table + "\n")
-    print(f"\ncompare_torch_bn: wrote {os.path.relpath(json_path)} and {os.path.relpath(table_path)}")
+    write_outputs(PROG, doc, render_table(doc), json_path, table_path)
     return 0
 
 

@@ -44,22 +44,21 @@ ratios, the issue-5 targets, versions, thread counts, machine information and lo
 """
 
 import argparse
-import datetime
 import hashlib
-import json
 import os
 import platform
-import re
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from bench_common import (TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
+                          ensure_torch, file_time, find_bench, fmt_ms, fmt_ratio, git_describe, loadavg, machine_info,
+                          output_paths, paired_ratio, print_round, ratio_of_medians, summarize, timing_settings,
+                          write_outputs)
+
+PROG = "compare"
 
 # ------------------------------------------------------------------------------------------------
 # The workload of benchmarks/roi_align_bench.cpp (keep in sync)
@@ -75,26 +74,6 @@ POOLED = 7  # box head
 SAMPLING_RATIO = 2
 ALIGNED = True
 MODES = ("atomic", "truncated", "exact")
-
-
-def ensure_torch():
-    """Imports torch; where this interpreter has none, re-runs the script under one that has."""
-    try:
-        import torch  # noqa: F401
-        return True
-    except ImportError:
-        pass
-    if os.environ.get("DETOPS_COMPARE_REEXEC"):
-        return False
-    for cand in (os.environ.get("PYTHON"), "/usr/bin/python3", "/usr/local/bin/python3"):
-        if not cand or not os.path.exists(cand) or os.path.realpath(cand) == os.path.realpath(sys.executable):
-            continue
-        probe = subprocess.run([cand, "-c", "import torch, torchvision"], capture_output=True)
-        if probe.returncode == 0:
-            print(f"compare: no torch in {sys.executable}; re-running under {cand}", file=sys.stderr, flush=True)
-            env = dict(os.environ, DETOPS_COMPARE_REEXEC="1")
-            os.execve(cand, [cand, os.path.abspath(__file__)] + sys.argv[1:], env)
-    return False
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,58 +186,7 @@ def get_rois(args, bench):
 
 
 # ------------------------------------------------------------------------------------------------
-# Machine and versions
-
-
-def read_first(path, pattern):
-    try:
-        with open(path) as f:
-            for line in f:
-                m = re.match(pattern, line)
-                if m:
-                    return m.group(1).strip()
-    except OSError:
-        pass
-    return None
-
-
-def machine_info():
-    info = {
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": read_first("/proc/cpuinfo", r"model name\s*:\s*(.*)"),
-        "logical_cpus": os.cpu_count(),
-        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "mem_total": read_first("/proc/meminfo", r"MemTotal:\s*(.*)"),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-    }
-    if shutil.which("nvidia-smi"):
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        info["nvidia_smi"] = p.stdout.strip() or p.stderr.strip()
-    return info
-
-
-def loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-# ------------------------------------------------------------------------------------------------
 # detops_bench
-
-
-def find_bench(explicit):
-    cands = [explicit, os.environ.get("DETOPS_BENCH")] if explicit or os.environ.get("DETOPS_BENCH") else []
-    cands += [os.path.join(ROOT, d, "benchmarks", "detops_bench") for d in ("build-gpu", "build", "build-cpu")]
-    for c in cands:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return os.path.abspath(c)
-    return None
 
 
 def bench_name(device, pass_, layout, mode=None, threads=None):
@@ -268,59 +196,6 @@ def bench_name(device, pass_, layout, mode=None, threads=None):
     if device == "cpu":
         n += f"/t{threads}"
     return n
-
-
-class Bench:
-    def __init__(self, path, min_time, timeout):
-        self.path = path
-        self.min_time = min_time
-        self.timeout = timeout
-        self.min_time_suffix = ""  # Google Benchmark >= 1.8 prefers "0.5s"
-        p = subprocess.run([path, "--detops_full", "--benchmark_list_tests=true"], capture_output=True, text=True,
-                           timeout=120)
-        lines = p.stdout.splitlines()
-        self.banner = lines[0] if lines and lines[0].startswith("detops ") else ""
-        # names as listed carry /real_time or /manual_time; keep a map from the plain name
-        self.names = {}
-        for line in lines:
-            m = re.match(r"^(BM_\S+?)(/real_time|/manual_time)?$", line.strip())
-            if m:
-                self.names[m.group(1)] = line.strip()
-        self.context = {}
-
-    def has(self, name):
-        return name in self.names
-
-    def run(self, name):
-        """One detops_bench process for one benchmark: {'ms': per-iteration time} or {'error': ...}."""
-        regex = "^" + re.escape(name).replace("\\/", "/") + "(/real_time|/manual_time)?$"
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "out.json")
-            for attempt in range(2):
-                cmd = [self.path, "--detops_full", f"--benchmark_filter={regex}", f"--benchmark_out={out}",
-                       "--benchmark_out_format=json", f"--benchmark_min_time={self.min_time}{self.min_time_suffix}"]
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
-                except subprocess.TimeoutExpired:
-                    return {"error": f"timed out after {self.timeout} s"}
-                if p.returncode != 0 and attempt == 0 and "min_time" in (p.stderr + p.stdout) and not self.min_time_suffix:
-                    self.min_time_suffix = "s"
-                    continue
-                break
-            if p.returncode != 0 or not os.path.exists(out):
-                return {"error": f"detops_bench exited {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"}
-            with open(out) as f:
-                data = json.load(f)
-        if not self.context:
-            self.context = data.get("context", {})
-        runs = [b for b in data.get("benchmarks", []) if b.get("run_type", "iteration") == "iteration"]
-        if not runs:
-            return {"error": "no benchmark matched " + regex}
-        b = runs[0]
-        if b.get("error_occurred"):
-            return {"error": b.get("error_message", "skipped")}
-        scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
-        return {"ms": b["real_time"] * scale, "iterations": b.get("iterations")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -476,47 +351,20 @@ class TorchSide:
 # Plan, rounds, summary
 
 
-def fmt_ms(v):
-    if v is None:
-        return "-"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
-
-
-def fmt_ratio(v):
-    return "-" if v is None else (f"{v:.2f}x" if v < 10 else f"{v:.1f}x")
-
-
-def spread(samples):
-    """Half the min-max range relative to the median, in percent."""
-    if not samples or len(samples) < 2:
-        return None
-    m = statistics.median(samples)
-    return 50.0 * (max(samples) - min(samples)) / m if m else None
-
-
-def build_plan(args, bench, cuda_ok):
+def build_plan(args, cuda_ok):
     """Groups of configurations: each group is one torchvision timing and its detops benchmarks."""
     groups = []
-    devices = [d for d in args.devices.split(",") if d]
-    for device in devices:
+    for device in csv_list(args.devices):
         if device == "cuda" and not cuda_ok:
             continue
-        for pass_ in [p for p in args.passes.split(",") if p]:
-            for layout in [l for l in args.layouts.split(",") if l]:
+        for pass_ in csv_list(args.passes):
+            for layout in csv_list(args.layouts):
                 for t in ([int(t) for t in args.threads.split(",")] if device == "cpu" else [None]):
-                    modes = [m for m in args.modes.split(",") if m] if pass_ == "backward" else [None]
+                    modes = csv_list(args.modes) if pass_ == "backward" else [None]
                     rows = []
                     for mode in modes:
-                        name = bench_name(device, pass_, layout, mode, t)
                         rows.append({"device": device, "pass": pass_, "layout": layout, "threads": t,
-                                     "mode": mode, "benchmark": name,
-                                     "available": bool(bench and bench.has(name))})
+                                     "mode": mode, "benchmark": bench_name(device, pass_, layout, mode, t)})
                     groups.append({"device": device, "pass": pass_, "layout": layout, "threads": t, "rows": rows})
     return groups
 
@@ -594,14 +442,6 @@ def check_targets(results):
     return out
 
 
-def summarize(samples):
-    vals = [v for v in samples if v is not None]
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
-            "spread_pct": spread(vals), "samples": [round(v, 4) for v in vals]}
-
-
 def render_table(doc):
     res = doc["results"]
     lines = []
@@ -626,12 +466,6 @@ def render_table(doc):
     lines.append("")
     lines.append(hdr)
     lines.append("-" * len(hdr))
-
-    def cell(s):
-        if not s:
-            return "-"
-        sp = s.get("spread_pct")
-        return fmt_ms(s["median"]) + (f" +-{sp:.0f}%" if sp is not None else "")
 
     for r in res:
         tv = r["baselines"].get("torchvision")
@@ -684,11 +518,6 @@ def main():
     ap.add_argument("--bench", help="detops_bench (default: $DETOPS_BENCH, build-gpu/, build/, build-cpu/)")
     ap.add_argument("--json", help="output JSON (default benchmarks/results/compare-<host>-<date>.json)")
     ap.add_argument("--table", help="also write the table here (default: the JSON path with .txt)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 call, short min_time")
-    ap.add_argument("--rounds", type=int, help="alternating rounds (default 5; --quick 1)")
-    ap.add_argument("--calls", type=int, help="torchvision calls per round, median taken (default 3; --quick 1)")
-    ap.add_argument("--cuda-calls", type=int, help="the same on CUDA (default 20; --quick 5)")
-    ap.add_argument("--min-time", type=float, help="detops_bench --benchmark_min_time, s (default 0.5; --quick 0.01)")
     ap.add_argument("--devices", default=None, help="cpu,cuda (default: cpu, plus cuda when available)")
     ap.add_argument("--passes", default="forward,backward")
     ap.add_argument("--layouts", default="nchw,nhwc")
@@ -699,23 +528,17 @@ def main():
                     help="CUDA: also time the deterministic torchvision path under torch.compile "
                          "(auto: on unless --quick)")
     ap.add_argument("--no-deterministic", action="store_true", help="CUDA: skip torchvision deterministic")
-    ap.add_argument("--note", action="append", default=[], help="a note for the JSON (repeatable)")
-    ap.add_argument("--bench-timeout", type=int, default=300, help="seconds per detops_bench run")
-    ap.add_argument("--max-seconds", type=float, help="start no round that would end past this many seconds "
-                                                     "(at least one round runs); the JSON says how many ran")
+    add_timing_args(ap, "torchvision")
     args = ap.parse_args()
 
-    have_torch = ensure_torch()
-    rounds = args.rounds or (1 if args.quick else 5)
-    calls = args.calls or (1 if args.quick else 3)
-    cuda_calls = args.cuda_calls or (5 if args.quick else 20)
-    min_time = args.min_time if args.min_time is not None else (0.01 if args.quick else 0.5)
+    have_torch = ensure_torch(PROG, __file__, "import torch, torchvision")
+    rounds, calls, cuda_calls, min_time = timing_settings(args)
 
     bench_path = find_bench(args.bench)
     if not bench_path:
-        print("compare: detops_bench not found (build it, or pass --bench / DETOPS_BENCH)", file=sys.stderr)
+        print(f"{PROG}: detops_bench not found (build it, or pass --bench / DETOPS_BENCH)", file=sys.stderr)
         return 2
-    bench = Bench(bench_path, min_time, args.bench_timeout)
+    bench = Bench(bench_path, min_time, args.bench_timeout, args=["--detops_full"])
 
     torch = torchvision = None
     versions = {}
@@ -737,12 +560,12 @@ def main():
     tv_compile = args.tv_compile == "on" or (args.tv_compile == "auto" and not args.quick)
     tv_compile = tv_compile and torch is not None and hasattr(torch, "compile")
 
-    groups = build_plan(args, bench, cuda_ok or bench_cuda)
+    groups = build_plan(args, cuda_ok or bench_cuda)
     if not groups:
         print(f"compare: nothing to run (devices {args.devices}; CUDA: torch {'yes' if cuda_ok else 'no'}, "
               f"detops_bench {'yes' if bench_cuda else 'no'})", file=sys.stderr)
         return 2
-    machine = machine_info()
+    machine = machine_info(detailed=True)
     if cuda_ok:
         machine["gpu"] = torch.cuda.get_device_name(0)
     default_threads = torch.get_num_threads() if torch else None
@@ -782,12 +605,7 @@ def main():
             torch.cuda.synchronize()
 
     rounds_done = 0
-    for rnd in range(rounds):
-        if rnd and args.max_seconds:
-            per_round = (time.time() - t_start) / rnd
-            if time.time() - t_start + per_round > args.max_seconds:
-                print(f"compare: stopping after {rnd} rounds (--max-seconds {args.max_seconds:g})", flush=True)
-                break
+    for rnd in alternating_rounds(PROG, rounds, args.max_seconds, t_start):
         rounds_done += 1
         for gi, g in enumerate(groups):
             if tside:
@@ -808,21 +626,10 @@ def main():
                         for key, (med, _) in tside.time_deterministic(g["device"], g["layout"], g["pass"],
                                                                       n_calls, compiled).items():
                             samples.setdefault((gi, "tv:" + key), []).append(med)
-            for row in g["rows"]:
-                if not row["available"]:
-                    errors[row["benchmark"]] = "not registered by this detops_bench"
-                    continue
-                r = bench.run(row["benchmark"])
-                if "error" in r:
-                    errors[row["benchmark"]] = r["error"]
-                else:
-                    samples.setdefault((gi, "detops:" + str(row["mode"])), []).append(r["ms"])
+            bench.run_rows(gi, g["rows"], samples, errors)
             label = f"{g['device']} {g['pass']} {g['layout']}" + (f" t{g['threads']}" if g["threads"] else "")
-            tvm = samples.get((gi, "tv:torchvision"), [None])[-1]
-            dm = " ".join(f"{row['mode'] or 'detops'}={fmt_ms(samples.get((gi, 'detops:' + str(row['mode'])), [None])[-1])}"
-                          for row in g["rows"])
-            print(f"  round {rnd + 1}/{rounds} [{time.time() - t_start:6.0f} s, load {loadavg()}] {label:<22} "
-                  f"torchvision={fmt_ms(tvm)} {dm}", flush=True)
+            print_round(rnd, rounds, t_start, label, 22, "torchvision", samples.get((gi, "tv:torchvision"), [None])[-1],
+                        gi, g["rows"], samples)
         load_samples.append({"t": round(time.time() - t_start, 1), "load": loadavg()})
     if torch:
         torch.set_num_threads(default_threads)
@@ -835,13 +642,8 @@ def main():
                 baselines[key[3:]] = summarize(vals)
         for row in g["rows"]:
             d = summarize(samples.get((gi, "detops:" + str(row["mode"])), []))
-            ratios = {k: (b["median"] / d["median"] if b and d else None) for k, b in baselines.items()}
-            # per round, torchvision and detops ran back to back: the median of the per-round ratios is less
-            # sensitive to load that drifts over the run than the ratio of the medians
-            paired = {}
-            for k, b in baselines.items():
-                if b and d and len(b["samples"]) == len(d["samples"]):
-                    paired[k] = statistics.median(x / y for x, y in zip(b["samples"], d["samples"]))
+            ratios = {k: ratio_of_medians(b, d) for k, b in baselines.items()}
+            paired = {k: p for k, b in baselines.items() if (p := paired_ratio(b, d)) is not None}
             results.append({**{k: row[k] for k in ("device", "pass", "layout", "threads", "mode", "benchmark")},
                             "detops_ms": d, "detops_error": errors.get(row["benchmark"]),
                             "torchvision_error": tv_errors.get(gi),
@@ -852,25 +654,13 @@ def main():
         for (variant, device, layout, pass_), st in tside.det_status.items():
             det_status[f"{variant} {device} {pass_} {layout}"] = st
     ctx = bench.context
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True,
-                              timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        head = None
-    versions.update(git=head, bench_built=datetime.datetime.fromtimestamp(
-        os.path.getmtime(bench_path)).isoformat(timespec="seconds"))
+    versions.update(git=git_describe(), bench_built=file_time(bench_path))
     versions.update(detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
                     google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version())
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
-    date = datetime.date.today().isoformat()
-    json_path = args.json or os.path.join(HERE, "results", f"compare-{host}-{date}.json")
-    table_path = args.table or os.path.splitext(json_path)[0] + ".txt"
+    json_path, table_path = output_paths(args.json, args.table, "compare")
 
     doc = {
-        "schema": "detops-compare-torchvision/1",
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
-        "duration_s": round(time.time() - t_start, 1),
+        **doc_head("detops-compare-torchvision/1", __file__, t_start),
         "workload": {
             "description": (f"float32 [{N}, {C}, {H}, {W}], {K} rois (16..400 px, seed {ROI_SEED}), "
                             f"{POOLED}x{POOLED}, sampling_ratio {SAMPLING_RATIO}, aligned, spatial_scale "
@@ -883,8 +673,7 @@ def main():
                      "min_time_s": min_time, "quick": args.quick,
                      "threads": [int(t) for t in args.threads.split(",")], "devices": args.devices.split(","),
                      "tv_compile": tv_compile, "torch_default_threads": default_threads,
-                     "timing": {"cpu": "wall clock (time.perf_counter; Google Benchmark real_time)",
-                                "cuda": "CUDA events (torch.cuda.Event; Google Benchmark manual_time)"},
+                     "timing": TIMING,
                      "what_is_timed": {
                          "torchvision forward": "torchvision.ops.roi_align (NHWC: channels_last input, copied "
                                                 "to NCHW inside; NCHW output)",
@@ -893,26 +682,14 @@ def main():
                          "torchvision_deterministic": "torch.use_deterministic_algorithms(True), "
                                                       "roi_align through autograd (torch.autograd.grad)",
                          "detops": "detops_bench per-iteration time, preallocated outputs and workspace"}},
-        "machine": machine,
-        "load_average": {"start": load_samples[0]["load"], "end": loadavg(), "per_round": load_samples},
-        "versions": versions,
-        "bench": {"path": bench_path, "banner": bench.banner, "context": ctx},
+        **doc_run(machine, load_samples, versions, bench, bench_path),
         "torchvision_deterministic": {"python_fallback": tside.has_python_fallback if tside else None,
                                       "status": det_status},
         "results": results,
         "notes": args.note,
     }
     doc["targets"] = check_targets(results)
-    table = render_table(doc)
-    print()
-    print(table)
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    with open(table_path, "w") as f:
-        f.write(table + "\n")
-    print(f"\ncompare: wrote {os.path.relpath(json_path)} and {os.path.relpath(table_path)}")
+    write_outputs(PROG, doc, render_table(doc), json_path, table_path)
     return 0
 
 

@@ -45,13 +45,7 @@
 #include <thread>
 #include <vector>
 
-#ifndef DETOPS_BENCH_CUDA
-#define DETOPS_BENCH_CUDA 0
-#endif
-#if DETOPS_BENCH_CUDA
-#include <cuda_runtime.h>
-#endif
-
+#include "bench_util.h"  // dtype_short_name, timed_loop; DETOPS_BENCH_CUDA
 #include "detops/detops.h"
 #include "reference/roi_align_reference.h"  // roi_geometry_ref: sample counts for the byte estimate
 #include "test_util.h"
@@ -59,6 +53,7 @@
 namespace {
 
 using namespace detops;
+using bench::dtype_short_name;
 
 // ---------------------------------------------------------------------------------------------
 // Workload
@@ -86,23 +81,13 @@ struct Config {
 
   std::string name() const {
     std::string n = fmt::format("BM_RoiAlign{}/{}/{}/{}/{}/{}/{}", backward ? "Backward" : "Forward",
-                                device.is_cpu() ? "cpu" : "cuda", short_name(dtype),
+                                device.is_cpu() ? "cpu" : "cuda", dtype_short_name(dtype),
                                 layout == Layout::kNHWC ? "nhwc" : "nchw", head == Head::kBox ? "box" : "mask",
                                 sampling_ratio > 0 ? fmt::format("sr{}", sampling_ratio) : "adaptive",
                                 to_string(pool));
     if (backward) n += fmt::format("/{}", to_string(mode));
     if (device.is_cpu()) n += fmt::format("/t{}", threads);
     return n;
-  }
-
-  static const char* short_name(DType t) {
-    switch (t) {
-      case DType::kFloat32: return "f32";
-      case DType::kFloat16: return "f16";
-      case DType::kBFloat16: return "bf16";
-      case DType::kFloat64: return "f64";
-      default: return "?";
-    }
   }
 };
 
@@ -126,7 +111,7 @@ const Tensor& cached(const std::string& key, Make make) {
 
 /// Random features in [-1, 1), [N, C, H, W] in the config's dtype, layout and device.
 const Tensor& features(const Config& c) {
-  const std::string key = fmt::format("features/{}/{}/{}", Config::short_name(c.dtype), static_cast<int>(c.layout),
+  const std::string key = fmt::format("features/{}/{}/{}", dtype_short_name(c.dtype), static_cast<int>(c.layout),
                                       device_key(c.device));
   return cached(key, [&] {
     if (c.device.is_cuda()) {
@@ -151,7 +136,7 @@ const std::vector<double>& roi_values() {
 
 const Tensor& rois(const Config& c) {
   const DType dt = roi_dtype(c.dtype);
-  return cached(fmt::format("rois/{}/{}", Config::short_name(dt), device_key(c.device)), [&] {
+  return cached(fmt::format("rois/{}/{}", dtype_short_name(dt), device_key(c.device)), [&] {
     Tensor t = test::make_tensor({kK, 5}, dt, roi_values());
     return c.device.is_cpu() ? std::move(t) : t.to(c.device);
   });
@@ -160,7 +145,7 @@ const Tensor& rois(const Config& c) {
 /// Random upstream gradients [K, C, PH, PW] in the config's dtype, layout and device.
 const Tensor& grad_output(const Config& c) {
   const std::int64_t P = pooled_size(c.head);
-  const std::string key = fmt::format("grad/{}/{}/{}/{}", Config::short_name(c.dtype), static_cast<int>(c.layout), P,
+  const std::string key = fmt::format("grad/{}/{}/{}/{}", dtype_short_name(c.dtype), static_cast<int>(c.layout), P,
                                       device_key(c.device));
   return cached(key, [&] {
     if (c.device.is_cuda()) {
@@ -201,64 +186,9 @@ RoiAlignOptions options(const Config& c) {
 // ---------------------------------------------------------------------------------------------
 // Timing
 
-#if DETOPS_BENCH_CUDA
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-
-/// Times each iteration with a pair of events around the op on its stream.
-class EventTimer {
- public:
-  explicit EventTimer(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {
-    cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
-  }
-  ~EventTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-
-  template <class F>
-  double seconds(F&& op) {
-    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
-    op();
-    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
-    float ms = 0;
-    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
-    return ms * 1e-3;
-  }
-
- private:
-  cudaStream_t stream_;
-  cudaEvent_t start_{}, stop_{};
-};
-#endif
-
-/// Runs `op` in the timed loop: wall clock on the CPU, events on CUDA. One untimed call first on
-/// CUDA (module load, the stream-ordered allocator's pool); on the CPU the buffers were prefaulted
-/// instead, since one more call costs seconds there.
-template <class F>
-void timed_loop(benchmark::State& state, const Config& c, const Context& ctx, F&& op) {
-  if (c.device.is_cpu()) {
-    for (auto _ : state) {
-      op();
-      benchmark::ClobberMemory();
-    }
-    return;
-  }
-#if DETOPS_BENCH_CUDA
-  op();
-  cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.cuda_stream)), "cudaStreamSynchronize");
-  EventTimer timer(ctx.cuda_stream);
-  for (auto _ : state) state.SetIterationTime(timer.seconds(op));
-#else
-  (void)ctx;
-  state.SkipWithError("CUDA benchmarks need DETOPS_BENCH_CUDA=1 (CUDA runtime header) at compile time");
-#endif
-}
+// bench::timed_loop (bench_util.h): wall clock on the CPU, events on CUDA. One untimed call first on
+// CUDA (module load, the stream-ordered allocator's pool); on the CPU the buffers were prefaulted
+// instead (prepared()), since one more call costs seconds there.
 
 /// Outputs are written in the input's layout; the bytes are touched now so that page faults (CPU)
 /// stay out of the timed loop.
@@ -295,7 +225,7 @@ void bm_forward(benchmark::State& state, const Config& c) {
   ctx.num_threads = c.threads;
   Tensor output = prepared({kK, kC, P, P}, c.dtype, c);
   Tensor argmax = c.pool == PoolMode::kMax ? prepared({kK, kC, P, P}, DType::kInt32, c) : Tensor();
-  timed_loop(state, c, ctx, [&] { roi_align_forward(input, boxes, output, opt, ctx, argmax); });
+  bench::timed_loop(state, c.device, ctx, [&] { roi_align_forward(input, boxes, output, opt, ctx, argmax); });
   set_counters(state, c);
 }
 
@@ -333,7 +263,8 @@ void bm_backward(benchmark::State& state, const Config& c) {
     ws_storage.fill_bytes(0);
     ws = Workspace{ws_storage.view().data, ws_bytes};
   }
-  timed_loop(state, c, ctx, [&] { roi_align_backward(grad, boxes, grad_input, opt, bopt, ctx, argmax, ws); });
+  bench::timed_loop(state, c.device, ctx,
+                   [&] { roi_align_backward(grad, boxes, grad_input, opt, bopt, ctx, argmax, ws); });
   set_counters(state, c);
 }
 

@@ -33,6 +33,7 @@
 #include "detops/error.h"
 #include "detops/frozen_batch_norm.h"
 #include "detops/tensor.h"
+#include "golden_util.h"
 #include "reference/frozen_batch_norm_reference.h"
 #include "test_util.h"
 
@@ -312,89 +313,27 @@ struct GoldenCase {
   }
 };
 
-struct GoldenFile {
-  std::vector<GoldenCase> cases;
-  std::string error;
-};
+using GoldenFile = test::GoldenFile<GoldenCase>;
 
 const char* const kPerChannel[] = {"weight", "bias", "running_mean", "running_var", "scale", "shift"};
 const char* const kPerElement[] = {"x", "residual", "grad_y", "y_none", "y_relu", "y_add_relu", "grad_x_none",
                                    "grad_x_relu", "grad_x_add_relu", "grad_residual_add_relu"};
 
-GoldenFile parse_golden(const std::string& path) {
-  GoldenFile file;
-  std::ifstream in(path);
-  if (!in) {
-    file.error = "cannot open " + path + " (run scripts/gen_golden_frozen_bn.py)";
-    return file;
+/// A record of the golden file (format: scripts/gen_golden_frozen_bn.py) as a case; "" or why not.
+std::string to_case(const test::GoldenRecord& r, GoldenCase* c) {
+  for (const auto& [k, v] : r.fields) {
+    if (test::golden_nchw_field(k, v, &c->N, &c->C, &c->H, &c->W)) continue;
+    if (k == "eps") c->eps = test::golden_double(v);
+    else return "unknown field '" + k + "=" + v + "'";
   }
-  auto fail = [&](const std::string& why) {
-    file.error = path + ": " + why;
-    file.cases.clear();
-    return file;
-  };
-  std::string line;
-  GoldenCase* cur = nullptr;
-  std::vector<double>* arr = nullptr;
-  std::size_t want = 0;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string head;
-    ls >> head;
-    if (arr != nullptr && arr->size() < want) {  // a row of values
-      std::istringstream vs(line);
-      std::string tok;
-      while (vs >> tok) {
-        char* end = nullptr;
-        const double v = std::strtod(tok.c_str(), &end);
-        if (end == tok.c_str() || *end != '\0') return fail("bad number '" + tok + "'");
-        arr->push_back(v);
-      }
-      if (arr->size() > want) return fail("too many values in: " + line);
-      continue;
-    }
-    if (head == "case") {
-      file.cases.emplace_back();
-      cur = &file.cases.back();
-      ls >> cur->name;
-      std::string tok;
-      while (ls >> tok) {
-        const std::size_t eq = tok.find('=');
-        if (eq == std::string::npos) return fail("bad field '" + tok + "'");
-        const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
-        if (k == "N") cur->N = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "C") cur->C = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "H") cur->H = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "W") cur->W = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "eps") cur->eps = std::strtod(v.c_str(), nullptr);
-        else return fail("unknown field '" + tok + "'");
-      }
-    } else if (head == "end") {
-      if (cur == nullptr) return fail("'end' without 'case'");
-      for (const char* k : kPerChannel)
-        if (cur->a.count(k) == 0 || static_cast<std::int64_t>(cur->a[k].size()) != cur->C)
-          return fail(cur->name + ": missing or short " + k);
-      for (const char* k : kPerElement)
-        if (cur->a.count(k) == 0 || static_cast<std::int64_t>(cur->a[k].size()) != cur->numel())
-          return fail(cur->name + ": missing or short " + k);
-      cur = nullptr;
-      arr = nullptr;
-    } else {
-      if (cur == nullptr) return fail("array outside a case: " + line);
-      std::size_t count = 0;
-      ls >> count;
-      arr = &cur->a[head];
-      arr->clear();
-      want = count;
-    }
-  }
-  if (cur != nullptr) return fail("missing 'end'");
-  return file;
+  std::string why = r.need(kPerChannel, c->C);
+  if (why.empty()) why = r.need(kPerElement, c->numel());
+  if (why.empty()) c->a = r.arrays;
+  return why;
 }
 
 const GoldenFile& golden() {
-  static const GoldenFile f = parse_golden(kGoldenFile);
+  static const GoldenFile f = test::load_golden<GoldenCase>(kGoldenFile, "scripts/gen_golden_frozen_bn.py", to_case);
   return f;
 }
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "detops/context.h"
@@ -22,6 +23,7 @@
 #include "detops/error.h"
 #include "detops/roi_align.h"
 #include "detops/tensor.h"
+#include "golden_util.h"
 #include "reference/roi_align_reference.h"
 
 #ifndef DETOPS_GOLDEN_DIR
@@ -59,116 +61,40 @@ struct GoldenCase {
   }
 };
 
-struct GoldenFile {
-  std::vector<GoldenCase> cases;
-  std::string error;  // empty when the file parsed
-};
+using GoldenFile = detops::test::GoldenFile<GoldenCase>;
 
-bool parse_int_field(const std::string& tok, const char* key, std::int64_t* out) {
-  const std::string prefix = std::string(key) + "=";
-  if (tok.compare(0, prefix.size(), prefix) != 0) return false;
-  *out = std::strtoll(tok.c_str() + prefix.size(), nullptr, 10);
-  return true;
-}
-
-GoldenFile parse_golden(const std::string& path) {
-  GoldenFile file;
-  std::ifstream in(path);
-  if (!in) {
-    file.error = "cannot open " + path + " (run scripts/gen_golden_roi_align.py)";
-    return file;
+/// A record of the golden file (format: scripts/gen_golden_roi_align.py) as a case; "" or why not.
+std::string to_case(const detops::test::GoldenRecord& r, GoldenCase* c) {
+  using detops::test::golden_int;
+  for (const auto& [k, v] : r.fields) {
+    if (detops::test::golden_nchw_field(k, v, &c->N, &c->C, &c->H, &c->W)) continue;
+    if (k == "K") c->K = golden_int(v);
+    else if (k == "PH") c->PH = golden_int(v);
+    else if (k == "PW") c->PW = golden_int(v);
+    else if (k == "sampling_ratio") c->sampling_ratio = golden_int(v);
+    else if (k == "aligned") c->aligned = golden_int(v) != 0;
+    else if (k == "spatial_scale") c->spatial_scale = detops::test::golden_double(v);
+    else return "unknown field '" + k + "=" + v + "' in case " + c->name;
   }
-  std::string line;
-  GoldenCase* cur = nullptr;
-  auto fail = [&](const std::string& why) {
-    file.error = path + ": " + why;
-    file.cases.clear();
-  };
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string head;
-    ls >> head;
-    if (head == "case") {
-      file.cases.emplace_back();
-      cur = &file.cases.back();
-      ls >> cur->name;
-      std::string tok;
-      while (ls >> tok) {
-        std::int64_t v = 0;
-        if (parse_int_field(tok, "N", &cur->N) || parse_int_field(tok, "C", &cur->C) ||
-            parse_int_field(tok, "H", &cur->H) || parse_int_field(tok, "W", &cur->W) ||
-            parse_int_field(tok, "K", &cur->K) || parse_int_field(tok, "PH", &cur->PH) ||
-            parse_int_field(tok, "PW", &cur->PW) || parse_int_field(tok, "sampling_ratio", &cur->sampling_ratio)) {
-          continue;
-        }
-        if (parse_int_field(tok, "aligned", &v)) {
-          cur->aligned = v != 0;
-        } else if (tok.rfind("spatial_scale=", 0) == 0) {
-          cur->spatial_scale = std::strtod(tok.c_str() + 14, nullptr);
-        } else {
-          fail("unknown field '" + tok + "' in: " + line);
-          return file;
-        }
-      }
-    } else if (head == "end") {
-      if (cur == nullptr) {
-        fail("'end' without 'case'");
-        return file;
-      }
-      const std::int64_t nin = cur->N * cur->C * cur->H * cur->W, nout = cur->K * cur->C * cur->PH * cur->PW;
-      if (static_cast<std::int64_t>(cur->input.size()) != nin ||
-          static_cast<std::int64_t>(cur->rois.size()) != cur->K * 5 ||
-          static_cast<std::int64_t>(cur->output.size()) != nout ||
-          static_cast<std::int64_t>(cur->grad_output.size()) != nout ||
-          static_cast<std::int64_t>(cur->grad_input.size()) != nin) {
-        fail("case " + cur->name + " has arrays of the wrong sizes");
-        return file;
-      }
-      cur = nullptr;
-    } else {
-      std::vector<double>* dst = nullptr;
-      if (cur != nullptr) {
-        if (head == "input") dst = &cur->input;
-        if (head == "rois") dst = &cur->rois;
-        if (head == "output") dst = &cur->output;
-        if (head == "grad_output") dst = &cur->grad_output;
-        if (head == "grad_input") dst = &cur->grad_input;
-      }
-      if (dst == nullptr) {
-        fail("unexpected line: " + line.substr(0, 80));
-        return file;
-      }
-      long long count = -1;
-      ls >> count;
-      if (count < 0) {
-        fail("array without a count: " + line);
-        return file;
-      }
-      dst->reserve(static_cast<std::size_t>(count));
-      std::string tok;
-      while (static_cast<long long>(dst->size()) < count && in >> tok) {
-        char* end = nullptr;
-        const double v = std::strtod(tok.c_str(), &end);
-        if (end == tok.c_str() || *end != '\0') {
-          fail("bad number '" + tok + "' in case " + cur->name);
-          return file;
-        }
-        dst->push_back(v);
-      }
-      if (static_cast<long long>(dst->size()) != count) {
-        fail("truncated array '" + head + "' in case " + cur->name);
-        return file;
-      }
-      std::getline(in, line);  // rest of the last value line
-    }
+  const std::pair<const char*, std::vector<double>*> arrays[] = {
+      {"input", &c->input}, {"rois", &c->rois}, {"output", &c->output}, {"grad_output", &c->grad_output},
+      {"grad_input", &c->grad_input}};
+  for (const auto& [label, values] : r.arrays) {
+    bool known = false;
+    for (const auto& [k, dst] : arrays) known |= label == k;
+    if (!known) return "unexpected array '" + label + "' in case " + c->name;
   }
-  if (cur != nullptr) fail("case " + cur->name + " has no 'end'");
-  return file;
+  const std::int64_t nin = c->N * c->C * c->H * c->W, nout = c->K * c->C * c->PH * c->PW;
+  if (!r.has("input", nin) || !r.has("rois", c->K * 5) || !r.has("output", nout) || !r.has("grad_output", nout) ||
+      !r.has("grad_input", nin))
+    return "case " + c->name + " has arrays of the wrong sizes";
+  for (const auto& [k, dst] : arrays) *dst = r.arrays.at(k);
+  return "";
 }
 
 const GoldenFile& golden() {
-  static const GoldenFile file = parse_golden(kGoldenFile);
+  static const GoldenFile file =
+      detops::test::load_golden<GoldenCase>(kGoldenFile, "scripts/gen_golden_roi_align.py", to_case);
   return file;
 }
 

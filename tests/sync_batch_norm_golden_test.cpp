@@ -24,6 +24,7 @@
 #include "detops/dtype.h"
 #include "detops/sync_batch_norm.h"
 #include "detops/tensor.h"
+#include "golden_util.h"
 #include "test_util.h"
 
 #ifndef DETOPS_GOLDEN_DIR
@@ -36,8 +37,7 @@ namespace {
 constexpr const char* kGoldenFile = DETOPS_GOLDEN_DIR "/batch_norm_torch.txt";
 
 // ================================================================================================
-// Golden file (format: scripts/gen_golden_sync_bn.py). The parser follows
-// tests/frozen_batch_norm_test.cpp's.
+// Golden file (format: scripts/gen_golden_sync_bn.py; parsed by golden_util.h).
 
 struct GoldenCase {
   std::string name;
@@ -59,95 +59,33 @@ struct GoldenCase {
   }
 };
 
-struct GoldenFile {
-  std::vector<GoldenCase> cases;
-  std::string error;
-};
+using GoldenFile = test::GoldenFile<GoldenCase>;
 
-GoldenFile parse_golden(const std::string& path) {
-  GoldenFile file;
-  std::ifstream in(path);
-  if (!in) {
-    file.error = "cannot open " + path + " (run scripts/gen_golden_sync_bn.py)";
-    return file;
+/// A record of the golden file as a case; "" or why not.
+std::string to_case(const test::GoldenRecord& r, GoldenCase* c) {
+  for (const auto& [k, v] : r.fields) {
+    if (test::golden_nchw_field(k, v, &c->N, &c->C, &c->H, &c->W)) continue;
+    if (k == "eps") c->eps = test::golden_double(v);
+    else if (k == "momentum") c->momentum = v == "None" ? std::nullopt : std::optional<double>(test::golden_double(v));
+    else if (k == "affine") c->affine = v == "1";
+    else if (k == "track") c->track = v == "1";
+    else if (k == "nbt") c->nbt = test::golden_int(v);
+    else return "unknown field '" + k + "=" + v + "'";
   }
-  auto fail = [&](const std::string& why) {
-    file.error = path + ": " + why;
-    file.cases.clear();
-    return file;
-  };
-  std::string line;
-  GoldenCase* cur = nullptr;
-  std::vector<double>* arr = nullptr;
-  std::size_t want = 0;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string head;
-    ls >> head;
-    if (arr != nullptr && arr->size() < want) {  // a row of values
-      std::istringstream vs(line);
-      std::string tok;
-      while (vs >> tok) {
-        char* end = nullptr;
-        const double v = std::strtod(tok.c_str(), &end);
-        if (end == tok.c_str() || *end != '\0') return fail("bad number '" + tok + "'");
-        arr->push_back(v);
-      }
-      if (arr->size() > want) return fail("too many values in: " + line);
-      continue;
-    }
-    if (head == "case") {
-      file.cases.emplace_back();
-      cur = &file.cases.back();
-      ls >> cur->name;
-      std::string tok;
-      while (ls >> tok) {
-        const std::size_t eq = tok.find('=');
-        if (eq == std::string::npos) return fail("bad field '" + tok + "'");
-        const std::string k = tok.substr(0, eq), v = tok.substr(eq + 1);
-        if (k == "N") cur->N = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "C") cur->C = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "H") cur->H = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "W") cur->W = std::strtoll(v.c_str(), nullptr, 10);
-        else if (k == "eps") cur->eps = std::strtod(v.c_str(), nullptr);
-        else if (k == "momentum") cur->momentum = v == "None" ? std::nullopt : std::optional<double>(std::strtod(v.c_str(), nullptr));
-        else if (k == "affine") cur->affine = v == "1";
-        else if (k == "track") cur->track = v == "1";
-        else if (k == "nbt") cur->nbt = std::strtoll(v.c_str(), nullptr, 10);
-        else return fail("unknown field '" + tok + "'");
-      }
-    } else if (head == "end") {
-      if (cur == nullptr) return fail("'end' without 'case'");
-      std::vector<std::string> per_channel = {"save_mean", "save_invstd"}, per_element = {"x", "grad_y", "y", "grad_x"};
-      if (cur->affine) per_channel.insert(per_channel.end(), {"weight", "bias", "grad_weight", "grad_bias"});
-      if (cur->track)
-        per_channel.insert(per_channel.end(), {"running_mean", "running_var", "running_mean_out", "running_var_out"});
-      for (const std::string& k : per_channel)
-        if (cur->a.count(k) == 0 || static_cast<std::int64_t>(cur->a[k].size()) != cur->C)
-          return fail(cur->name + ": missing or short " + k);
-      for (const std::string& k : per_element)
-        if (cur->a.count(k) == 0 || static_cast<std::int64_t>(cur->a[k].size()) != cur->numel())
-          return fail(cur->name + ": missing or short " + k);
-      if (cur->track && (cur->a.count("num_batches_tracked_out") == 0 || cur->a["num_batches_tracked_out"].size() != 1))
-        return fail(cur->name + ": missing num_batches_tracked_out");
-      cur = nullptr;
-      arr = nullptr;
-    } else {
-      if (cur == nullptr) return fail("array outside a case: " + line);
-      std::size_t count = 0;
-      ls >> count;
-      arr = &cur->a[head];
-      arr->clear();
-      want = count;
-    }
-  }
-  if (cur != nullptr) return fail("missing 'end'");
-  return file;
+  std::vector<std::string> per_channel = {"save_mean", "save_invstd"}, per_element = {"x", "grad_y", "y", "grad_x"};
+  if (c->affine) per_channel.insert(per_channel.end(), {"weight", "bias", "grad_weight", "grad_bias"});
+  if (c->track)
+    per_channel.insert(per_channel.end(), {"running_mean", "running_var", "running_mean_out", "running_var_out"});
+  std::string why = r.need(per_channel, c->C);
+  if (why.empty()) why = r.need(per_element, c->numel());
+  if (!why.empty()) return why;
+  if (c->track && !r.has("num_batches_tracked_out", 1)) return c->name + ": missing num_batches_tracked_out";
+  c->a = r.arrays;
+  return "";
 }
 
 const GoldenFile& golden() {
-  static const GoldenFile f = parse_golden(kGoldenFile);
+  static const GoldenFile f = test::load_golden<GoldenCase>(kGoldenFile, "scripts/gen_golden_sync_bn.py", to_case);
   return f;
 }
 
