@@ -176,8 +176,10 @@ run_compute_sanitizer() {
       rc=$?
       errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$log" | tail -n 1)
       ran=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -n 1 | grep -Eo '^[0-9]+ tests?')
+      [[ $rc -eq 0 && -z $ran ]] && rc=87   # the filter matched nothing (or gtest did not finish)
       case $rc in
         0) result="ok" ;;
+        87) result="FAILED (no test ran: check the --gtest_filter)"; failed=1 ;;
         86) result="FAILED (errors reported)"; failed=1 ;;
         124) result="FAILED (timed out after ${SANITIZER_TIMEOUT:-60}s)"; failed=1 ;;
         *) result="FAILED (exit $rc)"; failed=1 ;;
