@@ -22,6 +22,13 @@
 #   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
 #                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.2)
 #   COMPARE_BN_TIMEOUT          seconds the SyncBN comparison may take (default 240; rounds stop at 3/4)
+#   SANITIZER_TOOLS             compute-sanitizer tools run over the CUDA tests (default
+#                               "memcheck racecheck initcheck"; empty: the phase is skipped)
+#   SANITIZER_TIMEOUT           seconds one tool may take on one test executable (default 60)
+#   SANITIZER_FILTER_<exe>      --gtest_filter for one executable under memcheck and initcheck,
+#                               e.g. SANITIZER_FILTER_detops_sync_batch_norm_cuda_test (defaults
+#                               below: a few cases each, ~2-3 minutes for all tools on an H200);
+#                               racecheck runs the first pattern of each filter only
 #   GPU_CHECK_CMAKE_ARGS        extra configure arguments (e.g. '-DCMAKE_IGNORE_PREFIX_PATH=/usr;/'
 #                               to prove that only .deps/ is used)
 #   OUT                         when set, the logs, the JSON and the summary are copied there
@@ -127,6 +134,64 @@ run_compare_bn() {
     ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.2}
 }
 
+# compute-sanitizer (memcheck, racecheck, initcheck) over a small --gtest_filter subset of each
+# CUDA test executable (ctest label gpu). Writes one line per tool and executable to
+# $sanitizer_txt (copied into the summary); fails when a tool reports an error, or a run fails
+# or times out. Without compute-sanitizer or a GPU it prints why and is recorded as skipped.
+sanitizer_txt=$logs/sanitizer-summary.txt
+declare -A sanitizer_filters=(
+  [detops_roi_align_cuda_test]='All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*'
+  [detops_frozen_batch_norm_cuda_test]='All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_add_relu:All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_slice_relu:FrozenBnCudaFold.*:FrozenBnCudaBadInput.*:FrozenBnCudaSemantics.EmptyProblemsLaunchNothing'
+  [detops_sync_batch_norm_cuda_test]='All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_exact:All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_strided_default:All/SyncBnCuda.RecordsEqualCpuBitwise/float64_nchw_exact'
+)
+
+find_compute_sanitizer() {
+  local c
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+           "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/compute-sanitizer" \
+           /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+run_compute_sanitizer() {
+  local cs=$1 failed=0 tool exe filter_var filter start rc log result errors ran
+  : > "$sanitizer_txt"
+  echo "compute-sanitizer: $cs ($("$cs" --version 2>/dev/null | grep -Eo 'Version [0-9.]+' | head -n 1))"
+  for tool in ${SANITIZER_TOOLS-memcheck racecheck initcheck}; do
+    for exe in detops_roi_align_cuda_test detops_frozen_batch_norm_cuda_test detops_sync_batch_norm_cuda_test; do
+      if [[ ! -x $build/tests/$exe ]]; then
+        echo "$(printf '%-9s %-36s' "$tool" "$exe") FAILED (not built)" | tee -a "$sanitizer_txt"
+        failed=1
+        continue
+      fi
+      filter_var=SANITIZER_FILTER_$exe
+      filter=${!filter_var:-${sanitizer_filters[$exe]}}
+      [[ $tool == racecheck ]] && filter=${filter%%:*}   # racecheck is the slowest: one case
+      log=$logs/sanitizer-$tool-$exe.log
+      start=$SECONDS
+      timeout "${SANITIZER_TIMEOUT:-60}" "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+        "$build/tests/$exe" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1
+      rc=$?
+      errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$log" | tail -n 1)
+      ran=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -n 1 | grep -Eo '^[0-9]+ tests?')
+      [[ $rc -eq 0 && -z $ran ]] && rc=87   # the filter matched nothing (or gtest did not finish)
+      case $rc in
+        0) result="ok" ;;
+        87) result="FAILED (no test ran: check the --gtest_filter)"; failed=1 ;;
+        86) result="FAILED (errors reported)"; failed=1 ;;
+        124) result="FAILED (timed out after ${SANITIZER_TIMEOUT:-60}s)"; failed=1 ;;
+        *) result="FAILED (exit $rc)"; failed=1 ;;
+      esac
+      echo "$(printf '%-9s %-36s %4ds' "$tool" "$exe" $((SECONDS - start))) $result; ${ran:-no tests ran}; ${errors:-no sanitizer summary} ($log)" \
+        | tee -a "$sanitizer_txt"
+      [[ $rc -eq 0 ]] || tail -n 40 "$log"
+    done
+  done
+  return "$failed"
+}
+
 # The charts; without matplotlib, nothing (make them where the JSON files are copied to).
 run_plots() {
   "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$bench_json" --bench-filter '/f32/' \
@@ -182,6 +247,21 @@ if phase gtest "$logs/gtest.log" build_googletest &&
    phase configure "$logs/configure.log" configure &&
    phase build "$logs/build.log" cmake --build "$build" -j "$jobs"; then
   phase tests "$logs/ctest.log" ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
+  if [[ -z ${SANITIZER_TOOLS-memcheck racecheck initcheck} ]]; then
+    sanitizer_skip="skipped: SANITIZER_TOOLS is empty"
+  elif ! cs=$(find_compute_sanitizer); then
+    sanitizer_skip="skipped: no compute-sanitizer (not on PATH, in \$CUDA_HOME/bin or next to nvcc)"
+  elif ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+    sanitizer_skip="skipped: no GPU driver (nvidia-smi)"
+  else
+    sanitizer_skip=""
+    phase sanitizer "$logs/sanitizer.log" run_compute_sanitizer "$cs"
+  fi
+  if [[ -n $sanitizer_skip ]]; then
+    echo "== sanitizer =="
+    echo "compute-sanitizer $sanitizer_skip" | tee "$logs/sanitizer.log" > "$sanitizer_txt"
+    phases+=("$(printf '%-10s %4ds  %s' sanitizer 0 "$sanitizer_skip")")
+  fi
   if [[ -x $build/benchmarks/detops_bench ]]; then
     phase bench "$logs/bench.log" run_benchmarks
     phase compare "$logs/compare.log" run_compare
@@ -198,6 +278,7 @@ fi
   head -n 1 "$logs/machine.log"
   printf '%s\n' "${phases[@]}"
   test_counts
+  if [[ -s $sanitizer_txt ]]; then echo "compute-sanitizer:"; cat "$sanitizer_txt"; fi
   echo
   bench_table
   echo
@@ -216,7 +297,8 @@ if [[ -n "${OUT:-}" ]]; then
   mkdir -p "$OUT"
   for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
            "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png" \
-           "$logs/compare-bn.log" "$compare_bn_json" "$compare_bn_txt"; do
+           "$logs/compare-bn.log" "$compare_bn_json" "$compare_bn_txt" "$logs/sanitizer.log" "$sanitizer_txt" \
+           "$logs"/sanitizer-*-*.log; do
     [[ -f $f ]] && cp "$f" "$OUT/"
   done
 fi

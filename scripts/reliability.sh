@@ -38,7 +38,8 @@ else
   fuzz_tmp=$(mktemp -d)
   artifacts=build-fuzz/fuzz-artifacts
   mkdir -p "$artifacts"
-  targets=(roi_align_forward roi_align_backward frozen_bn_fold frozen_bn_forward frozen_bn_backward)
+  targets=(roi_align_forward roi_align_backward frozen_bn_fold frozen_bn_forward frozen_bn_backward sync_bn_forward
+           sync_bn_backward)
   run_fuzz_target() {
     local t=$1 regressions=()
     mkdir -p "$fuzz_tmp/corpus/$t"

@@ -553,6 +553,23 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
       if (!pr.second->defined()) continue;
       internal::check_no_partial_overlap(op, "y", y, pr.first, *pr.second, false);
     }
+    if (opts.training && running) {
+      // Updated in place after x, weight and bias are first read and before they are read again
+      // (apply): the running statistics must not share bytes with them, nor the counter with
+      // any other tensor (check_params compared it with the running statistics).
+      for (const auto& out : {std::make_pair("running_mean", &params.running_mean),
+                              std::make_pair("running_var", &params.running_var)})
+        for (const auto& in : {std::make_pair("x", &x), std::make_pair("weight", &params.weight),
+                               std::make_pair("bias", &params.bias)})
+          if (in.second->defined()) internal::check_no_partial_overlap(op, out.first, *out.second, in.first, *in.second, false);
+      if (params.num_batches_tracked.defined())
+        for (const auto& in : {std::make_pair("x", &x), std::make_pair("y", &y), std::make_pair("weight", &params.weight),
+                               std::make_pair("bias", &params.bias), std::make_pair("save_mean", &save_mean),
+                               std::make_pair("save_invstd", &save_invstd)})
+          if (in.second->defined())
+            internal::check_no_partial_overlap(op, "num_batches_tracked", params.num_batches_tracked, in.first,
+                                               *in.second, false);
+    }
     if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
     if (comm && opts.training && comm->size() < 1)
       fail(kBad, "{}: communicator {} has size {}; expected >= 1", op, comm->name(), comm->size());

@@ -848,6 +848,67 @@ TEST(SyncBnBadInput, RejectedBeforeAnythingIsWritten) {
   }
 }
 
+// Fuzz finding (tests/fuzz/regressions/sync_bn_forward/running_var_overlaps_x): the running
+// statistics are updated between the two reads of x, weight and bias, and num_batches_tracked is
+// read by every channel's update; in training the forward must reject them sharing bytes with
+// those (it used to return, with running_var written over x), and write nothing.
+TEST(SyncBnBadInput, RunningStatisticsMustNotOverlapWhatTheyAreUpdatedBetween) {
+  const std::int64_t C = 3;
+  const std::vector<double> xs = random_values(96, 7);
+  const Tensor w = make_tensor({C}, DType::kFloat32, {1.0, 2.0, 3.0}), b = Tensor::zeros({C}, DType::kFloat32);
+  struct Case {
+    const char* name;
+    const char* expect;
+  };
+  const Case cases[] = {{"running_var is x's first elements", "running_var overlaps x"},
+                        {"running_mean is the weight", "running_mean overlaps weight"},
+                        {"num_batches_tracked inside save_mean", "num_batches_tracked overlaps save_mean"},
+                        {"num_batches_tracked inside y", "num_batches_tracked overlaps y"},
+                        {"num_batches_tracked inside x", "num_batches_tracked overlaps x"}};
+  for (int k = 0; k < 5; ++k) {
+    for (const bool training : {true, false}) {
+      const Tensor x = make_tensor({2, C, 4, 4}, DType::kFloat32, xs);
+      Tensor wc = make_tensor({C}, DType::kFloat32, {1.0, 2.0, 3.0});
+      Tensor y = Tensor::empty({2, C, 4, 4}, DType::kFloat32);
+      Tensor mean = Tensor::empty({C}, DType::kFloat64), invstd = Tensor::empty({C}, DType::kFloat64);
+      y.fill_bytes(0xAB), mean.fill_bytes(0xAB), invstd.fill_bytes(0xAB);
+      Tensor rm = make_tensor({C}, DType::kFloat32, {0, 0, 0}), rv = make_tensor({C}, DType::kFloat32, {1, 1, 1});
+      Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+      SyncBnParams p{wc, b, rm, rv, nbt};
+      const auto at = [](const Tensor& t, DType dt, std::int64_t n) {
+        return TensorView(t.view().data, dt, Device::cpu(), {n});
+      };
+      if (k == 0) p.running_var = at(x, DType::kFloat32, C);
+      if (k == 1) p.running_mean = at(wc, DType::kFloat32, C);
+      if (k == 2) p.num_batches_tracked = at(mean, DType::kInt64, 1);
+      if (k == 3) p.num_batches_tracked = at(y, DType::kInt64, 1);
+      if (k == 4) p.num_batches_tracked = at(x, DType::kInt64, 1);
+      const std::vector<double> x_before = to_vector(x), w_before = to_vector(wc);
+      SyncBnOptions o;
+      o.training = training;
+      if (!training) {
+        // evaluation reads the running statistics and writes none of them: no conflict
+        if (k == 2 || k == 3) continue;  // the counter inside an output: left as it was, but not read either
+        EXPECT_NO_THROW(sync_batch_norm_forward(x, p, y, mean, invstd, nullptr, o)) << cases[k].name;
+        continue;
+      }
+      try {
+        sync_batch_norm_forward(x, p, y, mean, invstd, nullptr, o);
+        ADD_FAILURE() << cases[k].name << ": no error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << cases[k].name;
+        EXPECT_NE(std::string(e.what()).find(cases[k].expect), std::string::npos) << cases[k].name << ": " << e.what();
+      }
+      EXPECT_EQ(to_vector(x), x_before) << cases[k].name;
+      EXPECT_EQ(to_vector(wc), w_before) << cases[k].name;
+      for (const Tensor* t : {&y, &mean, &invstd}) {
+        const auto* q = static_cast<const unsigned char*>(t->view().data);
+        for (std::size_t i = 0; i < t->nbytes(); ++i) ASSERT_EQ(q[i], 0xAB) << cases[k].name;
+      }
+    }
+  }
+}
+
 TEST(SyncBnBadInput, BackwardArguments) {
   Layer l(3);
   l.forward(nullptr);

@@ -689,7 +689,8 @@ inline std::string describe_view(const TensorView& v) {
   for (int d = 0; d < v.rank; ++d) s += fmt::format("{}{}", d ? ", " : "", v.sizes[d]);
   s += "] strides [";
   for (int d = 0; d < v.rank; ++d) s += fmt::format("{}{}", d ? ", " : "", v.strides[d]);
-  s += fmt::format("] {} {}{}", is_float_dtype(v.dtype) || v.dtype == DType::kInt32 ? std::string(dtype_name(v.dtype))
+  s += fmt::format("] {} {}{}", is_float_dtype(v.dtype) || v.dtype == DType::kInt32 || v.dtype == DType::kInt64
+                                                                                     ? std::string(dtype_name(v.dtype))
                                                                                      : fmt::format("dtype#{}", static_cast<int>(v.dtype)),
                    to_string(v.device), v.data ? "" : " null");
   return s;
