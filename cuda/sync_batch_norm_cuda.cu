@@ -467,11 +467,11 @@ __global__ void merge_scales_kernel(const std::int64_t* __restrict__ gathered, s
 
 __global__ void finalize_kernel(detail::SbnFinalizeArgs a) { DETOPS_GRID_STRIDE(c, a.channels) detail::sbn_finalize_channel(a, c); }
 
-/// num_batches_tracked += 1 once, after finalize_kernel (same stream) has read it in every channel.
+/// num_batches_tracked + 1 (saturating) once, after finalize_kernel (same stream) has read it in every channel.
 __global__ void bump_batches_kernel(const std::int64_t* __restrict__ gathered, std::int64_t ranks, std::int64_t words,
                                     std::int64_t* num_batches_tracked) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && detail::sbn_global_count(gathered, ranks, words) >= 2)
-    num_batches_tracked[0] += 1;
+    num_batches_tracked[0] = detail::sbn_next_count(num_batches_tracked[0]);
 }
 
 __global__ void eval_stats_kernel(detail::SbnParam running_mean, detail::SbnParam running_var, double eps,

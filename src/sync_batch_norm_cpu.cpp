@@ -481,7 +481,7 @@ void sbn_finalize_cpu(const detail::SbnFinalizeArgs& args) {
   for (std::int64_t c = 0; c < args.channels; ++c) detail::sbn_finalize_channel(args, c);
   if (args.num_batches_tracked && args.running_mean.data &&
       detail::sbn_global_count(args.gathered, args.ranks, args.words) >= 2)
-    args.num_batches_tracked[0] += 1;
+    args.num_batches_tracked[0] = detail::sbn_next_count(args.num_batches_tracked[0]);
 }
 
 void sbn_finalize_backward_cpu(const detail::SbnBackwardFinalizeArgs& args) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -472,6 +473,20 @@ TEST(SyncBn, CumulativeAverageWithoutMomentum) {
   EXPECT_EQ(to_vector(nbt)[0], 2.0);
   const auto got = to_vector(rm);
   for (std::size_t c = 0; c < 2; ++c) EXPECT_NEAR(got[c], (means[0][c] + means[1][c]) / 2, 1e-15);
+}
+
+TEST(SyncBn, BatchCounterSaturatesInsteadOfOverflowing) {
+  const Problem a = make_problem(2, 2, 3, 3, 12);
+  SyncBnOptions o;
+  o.momentum.reset();
+  const Tensor rm = Tensor::zeros({2}, DType::kFloat64), rv = make_tensor({2}, DType::kFloat64, {1.0, 1.0});
+  Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+  nbt.data<std::int64_t>()[0] = std::numeric_limits<std::int64_t>::max();
+  const Tensor m = Tensor::zeros({2}, DType::kFloat64), is = Tensor::zeros({2}, DType::kFloat64);
+  const Tensor x = make_tensor({2, 2, 3, 3}, DType::kFloat64, a.x), y = Tensor::zeros({2, 2, 3, 3}, DType::kFloat64);
+  sync_batch_norm_forward(x, SyncBnParams{{}, {}, rm, rv, nbt}, y, m, is, nullptr, o);
+  EXPECT_EQ(nbt.data<std::int64_t>()[0], std::numeric_limits<std::int64_t>::max());
+  for (double v : to_vector(rv)) EXPECT_NEAR(v, 1.0, 1e-15);  // factor 1 / INT64_MAX
 }
 
 TEST(SyncBn, EvaluationModeUsesRunningStatistics) {

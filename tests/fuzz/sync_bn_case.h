@@ -20,9 +20,9 @@ constexpr bool kSbnRejectsRunningOverlap = true;
 /// in training with running statistics and a count >= 2
 /// (detail/sync_batch_norm_math.h sbn_finalize_channel, src/sync_batch_norm_cpu.cpp
 /// sbn_finalize_cpu, cuda/sync_batch_norm_cuda.cu). false: the decoder never gives the counter
-/// INT64_MAX (it gives INT64_MAX - 1, whose increment is defined); true once the library wraps or
-/// rejects it (tests/fuzz/open/sync_bn_forward/ has the input).
-constexpr bool kSbnCounterOverflowHandled = false;
+/// INT64_MAX (it gives INT64_MAX - 1, whose increment is defined); true now that the library
+/// saturates at INT64_MAX (detail::sbn_next_count; the input is a regression input).
+constexpr bool kSbnCounterOverflowHandled = true;
 
 inline const char* mode_str(SyncBnMode m) {
   return m == SyncBnMode::kDefault ? "default" : m == SyncBnMode::kExact ? "exact" : "unknown";
@@ -193,8 +193,9 @@ inline void fill_vec(Reader& r, const Tensor4& t, bool positive) {
 }
 
 /// n + 1 in two's complement (what an int64 counter wraps to; no signed overflow here).
-inline std::int64_t wrapping_increment(std::int64_t n) {
-  return static_cast<std::int64_t>(static_cast<std::uint64_t>(n) + 1u);
+/// The library's num_batches_tracked + 1: saturating at INT64_MAX.
+inline std::int64_t saturating_increment(std::int64_t n) {
+  return n == std::numeric_limits<std::int64_t>::max() ? n : n + 1;
 }
 
 inline std::int64_t load_i64(const TensorView& v) {

@@ -80,7 +80,7 @@ FwdRef forward_reference(const FwdInputs& in, bool exact, DType rdt) {
     }
     if (in.o.training && !in.rm.empty() && s.n >= 2) {
       // the library's counter + 1 in int64 (the harness wraps instead of overflowing)
-      const double tracked = in.has_nbt ? static_cast<double>(wrapping_increment(in.nbt)) : 1.0;
+      const double tracked = in.has_nbt ? static_cast<double>(saturating_increment(in.nbt)) : 1.0;
       const double f = in.o.momentum ? *in.o.momentum : 1.0 / tracked;
       if (!(f >= 0.0 && f <= 1.0)) {
         r.running_ok = false;
@@ -95,7 +95,7 @@ FwdRef forward_reference(const FwdInputs& in, bool exact, DType rdt) {
                     2 * unit_roundoff(r.rdt) * std::fabs(r.want.rv[c]) + tiny_r;
     }
   }
-  if (in.o.training && !in.rm.empty() && in.has_nbt && count >= 2) r.want.nbt = wrapping_increment(in.nbt);
+  if (in.o.training && !in.rm.empty() && in.has_nbt && count >= 2) r.want.nbt = saturating_increment(in.nbt);
   // y
   const double eps_t = unit_roundoff(in.dt), tiny = 2 * dtype_min_normal(in.dt) * eps_t;
   r.want.y.resize(in.x.size());

@@ -414,6 +414,11 @@ DETOPS_HOST_DEVICE inline SbnMoments sbn_global_moments(const SbnFinalizeArgs& a
   return m;
 }
 
+/// num_batches_tracked + 1, saturating at INT64_MAX (the count never wraps to a negative factor).
+DETOPS_HOST_DEVICE inline std::int64_t sbn_next_count(std::int64_t n) {
+  return n == 9223372036854775807LL ? n : n + 1;
+}
+
 /// Channel c of the forward's finalize: save_mean, save_invstd and the running statistics.
 /// Global count 0: mean 0, invstd 0; count 1: var 0. Running statistics (and
 /// num_batches_tracked) change only when the global count is at least 2 (the unbiased variance
@@ -430,7 +435,7 @@ DETOPS_HOST_DEVICE inline void sbn_finalize_channel(const SbnFinalizeArgs& a, st
   a.save_mean[c] = m.mean;
   a.save_invstd[c] = 1.0 / ::sqrt(var + a.eps);
   if (m.n < 2 || !a.running_mean.data) return;
-  const std::int64_t tracked = a.num_batches_tracked ? a.num_batches_tracked[0] + 1 : 1;
+  const std::int64_t tracked = a.num_batches_tracked ? sbn_next_count(a.num_batches_tracked[0]) : 1;
   const double f = a.has_momentum ? a.momentum : 1.0 / static_cast<double>(tracked);
   const double unbiased = m.m2 / (dn - 1.0);
   sbn_store(a.running_mean, c, (1.0 - f) * sbn_load(a.running_mean, c, 0.0) + f * m.mean);
