@@ -1,5 +1,5 @@
-// Large-tensor safety (label large): RoIAlign forward and exact backward and FrozenBatchNorm2d
-// forward on a float16 feature map of more than 2^31 elements (1 x 2 x 33000 x 33000 =
+// Large-tensor safety (label large): RoIAlign forward and exact backward, FrozenBatchNorm2d
+// forward and SyncBatchNorm forward (one channel of 2.18e9 elements) on a float16 feature map of more than 2^31 elements (1 x 2 x 33000 x 33000 =
 // 2,178,000,000 elements, 4.36 GB per tensor, two tensors at a time: ~8.7 GB at peak), with rois
 // at the end of the map so that element offsets, exact-mode position keys and zero-fill sizes all
 // pass 2^31. Values follow a pattern of period 4093 (prime, so an offset wrapped at 2^31 or 2^32
@@ -288,6 +288,60 @@ TEST(LargeTensor, FrozenBatchNormForward) {
       if (++j == kPeriod) j = 0;
     }
     EXPECT_EQ(bad, 0) << "NHWC in place with ReLU: first wrong element at offset " << first_bad;
+  }
+}
+
+// SyncBatchNorm forward (one rank) on a single channel of more than 2^31 elements: the count,
+// the chunk indices and every offset pass 2^31. Statistics against the pattern's exact moments
+// (computed per pattern index in long double), then y in place against the library's own
+// statistics for every element.
+TEST(LargeTensor, SyncBatchNormForwardOneChannel) {
+  std::string why;
+  if (skip_unless_possible(1, &why)) GTEST_SKIP() << why;
+  const std::int64_t S = side(), H = S, W = 2 * S, total = H * W;  // [1, 1, H, W]
+  if (S == 33000) {
+    ASSERT_GT(total, std::int64_t{1} << 31);
+  }
+  // moments of the pattern over [0, total): q full periods and a partial one
+  const std::int64_t q = total / kPeriod, rest = total % kPeriod;
+  long double s1 = 0;
+  for (std::int64_t j = 0; j < kPeriod; ++j)
+    s1 += static_cast<long double>(pattern(j)) * static_cast<long double>(q + (j < rest ? 1 : 0));
+  const long double mean = s1 / total;
+  long double m2 = 0;
+  for (std::int64_t j = 0; j < kPeriod; ++j) {
+    const long double d = static_cast<long double>(pattern(j)) - mean;
+    m2 += d * d * static_cast<long double>(q + (j < rest ? 1 : 0));
+  }
+  const double eps = 1e-5;
+  const double invstd = static_cast<double>(1.0L / std::sqrt(m2 / total + eps));
+  Tensor xbuf = Tensor::empty({total}, DType::kFloat16);
+  const TensorView x = view_of(xbuf.view().data, 1, 1, H, W, false);
+  Context ctx;
+  for (SyncBnMode mode : {SyncBnMode::kExact, SyncBnMode::kDefault}) {
+    fill_pattern(xbuf.data<Half>(), total);
+    Tensor m = Tensor::empty({1}, DType::kFloat64), is = Tensor::empty({1}, DType::kFloat64);
+    SyncBnOptions o;
+    o.mode = mode;
+    o.eps = eps;
+    sync_batch_norm_forward(x, SyncBnParams{}, x, m, is, nullptr, o, ctx);  // in place
+    const double gm = m.data<double>()[0], gi = is.data<double>()[0];
+    const char* name = mode == SyncBnMode::kExact ? "exact" : "default";
+    EXPECT_NEAR(gm, static_cast<double>(mean), 1e-12) << name;
+    EXPECT_NEAR(gi, invstd, 1e-12 * invstd) << name;
+    std::vector<std::uint16_t> e(static_cast<std::size_t>(kPeriod));
+    for (std::int64_t j = 0; j < kPeriod; ++j)
+      e[static_cast<std::size_t>(j)] = from_double<Half>((pattern(j) - gm) * gi + 0.0).bits;
+    const std::uint16_t* p = static_cast<const std::uint16_t*>(x.data);
+    std::int64_t bad = 0, first_bad = -1;
+    for (std::int64_t o2 = 0, j = 0; o2 < total; ++o2) {
+      if (p[o2] != e[static_cast<std::size_t>(j)]) {
+        if (first_bad < 0) first_bad = o2;
+        ++bad;
+      }
+      if (++j == kPeriod) j = 0;
+    }
+    EXPECT_EQ(bad, 0) << name << ": first wrong element at offset " << first_bad;
   }
 }
 
