@@ -50,6 +50,7 @@ compare_bn_json=benchmarks/results/compare-bn-gpu-$date.json
 compare_bn_txt=benchmarks/results/compare-bn-gpu-$date.txt
 modes_png=benchmarks/results/roi_align_modes-gpu-$date.png
 vs_png=benchmarks/results/roi_align_vs_torchvision-gpu-$date.png
+bn_png=benchmarks/results/sync-bn-vs-torch-gpu-$date.png
 python=${PYTHON:-python3}
 summary=$logs/summary.txt
 status=0
@@ -194,8 +195,13 @@ run_compute_sanitizer() {
 
 # The charts; without matplotlib, nothing (make them where the JSON files are copied to).
 run_plots() {
-  "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$bench_json" --bench-filter '/f32/' \
-    --modes-png "$modes_png" --vs-png "$vs_png" --if-available
+  if [[ -s $compare_json ]]; then
+    "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$bench_json" --bench-filter '/f32/' \
+      --modes-png "$modes_png" --vs-png "$vs_png" --if-available
+  fi
+  if [[ -s $compare_bn_json ]]; then
+    "$python" benchmarks/plot_sync_bn.py "$compare_bn_json" --out "$bn_png" || echo "plot_sync_bn failed (no matplotlib?)"
+  fi
 }
 
 # Medians from the benchmark JSON: name, time, and throughput where reported.
@@ -266,7 +272,7 @@ if phase gtest "$logs/gtest.log" build_googletest &&
     phase bench "$logs/bench.log" run_benchmarks
     phase compare "$logs/compare.log" run_compare
     phase compare-bn "$logs/compare-bn.log" run_compare_bn
-    [[ -s $compare_json ]] && phase plots "$logs/plots.log" run_plots
+    [[ -s $compare_json || -s $compare_bn_json ]] && phase plots "$logs/plots.log" run_plots
   else
     echo "gpu-check: $build/benchmarks/detops_bench was not built" | tee "$logs/bench.log"
     status=1
@@ -287,7 +293,7 @@ fi
   if [[ -s $compare_bn_txt ]]; then cat "$compare_bn_txt"; else echo "(no torch BatchNorm2d comparison)"; fi
   echo
   echo "benchmark JSON: $bench_json; comparisons: $compare_json, $compare_txt, $compare_bn_json, $compare_bn_txt;" \
-       "charts: $modes_png, $vs_png"
+       "charts: $modes_png, $vs_png, $bn_png"
   echo "logs: $logs/"
   echo "gpu-check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED)"
 } > "$summary"
@@ -296,7 +302,7 @@ cp "$summary" "benchmarks/results/gpu-$date-summary.txt"
 if [[ -n "${OUT:-}" ]]; then
   mkdir -p "$OUT"
   for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
-           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png" \
+           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png" "$bn_png" \
            "$logs/compare-bn.log" "$compare_bn_json" "$compare_bn_txt" "$logs/sanitizer.log" "$sanitizer_txt" \
            "$logs"/sanitizer-*-*.log; do
     [[ -f $f ]] && cp "$f" "$OUT/"
