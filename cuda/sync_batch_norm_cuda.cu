@@ -51,6 +51,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kPerLane = static_cast<int>(kSbnChunk / kSbnLanes);  // 8
 constexpr int kWarpsPerBlock = kBlock / kSbnLanes;
 static_assert(kSbnLanes == 32, "a chunk's lanes are a warp's");
+static_assert(kBlock % kSbnLanes == 0, "warp kernels shuffle with the full mask: blocks must be whole warps");
 static_assert(kSbnChunk % kSbnLanes == 0, "");
 
 cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }

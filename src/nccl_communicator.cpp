@@ -123,6 +123,11 @@ void NcclCommunicator::gather_host(const void* send, void* recv, std::size_t byt
   }
   const auto stream = static_cast<cudaStream_t>(staging_stream_);
 
+  // NCCL runs the operations of one communicator in the order they are issued, whatever their
+  // streams (each launch waits for the previous one on the communicator's internal stream), so
+  // this gather on the staging stream follows a gather enqueued earlier on the op's stream on
+  // every rank alike: no reordering between ranks, and no cycle (that gather never waits for
+  // this stream). It does make the host wait here until that earlier gather has run.
   // One device buffer: this rank's bytes, then the gathered size * bytes.
   const std::size_t gathered = bytes * static_cast<std::size_t>(size_);
   unsigned char* buffer = nullptr;
