@@ -62,8 +62,9 @@ struct SyncBnOptions {
   /// In training, before the statistics, exchange a 40-byte header (channels, dtype, mode,
   /// flags, call sequence number, whether this rank's arguments are valid) and raise on every
   /// rank when the ranks disagree or one of them failed its checks, instead of hanging or mixing
-  /// layers. Costs one small all-gather of host memory. Turn off only for speed once a training
-  /// step has run with it on.
+  /// layers. Costs one small all-gather of host memory; over NCCL the host then waits for the
+  /// communicator's earlier collectives (a CPU/GPU pipeline stall per layer). Turn off for speed
+  /// once a training step has run with it on.
   bool check_ranks = true;
 };
 
