@@ -481,6 +481,7 @@ __global__ void eval_stats_kernel(detail::SbnParam running_mean, detail::SbnPara
 }
 
 __global__ void finalize_backward_kernel(detail::SbnBackwardFinalizeArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) detail::sbn_finalize_backward_count(a);  // also when C == 0
   DETOPS_GRID_STRIDE(c, a.channels) detail::sbn_finalize_backward_channel(a, c);
 }
 
@@ -787,8 +788,8 @@ void sbn_finalize_cuda(const detail::SbnFinalizeArgs& args, Device device, const
 void sbn_finalize_backward_cuda(const detail::SbnBackwardFinalizeArgs& args, Device device, const Context& ctx) {
   const char* op = "sync_batch_norm_finalize_backward";
   DeviceGuard guard(device.index, op);
-  if (args.channels <= 0) return;
-  finalize_backward_kernel<<<grid_for(args.channels), kBlock, 0, stream_of(ctx)>>>(args);
+  // launched also for C == 0: sums[0] receives the count
+  finalize_backward_kernel<<<grid_for(args.channels > 0 ? args.channels : 1), kBlock, 0, stream_of(ctx)>>>(args);
   check_launch("finalize_backward_kernel", op, ctx);
 }
 

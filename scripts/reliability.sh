@@ -39,14 +39,15 @@ else
   artifacts=build-fuzz/fuzz-artifacts
   mkdir -p "$artifacts"
   targets=(roi_align_forward roi_align_backward frozen_bn_fold frozen_bn_forward frozen_bn_backward sync_bn_forward
-           sync_bn_backward)
+           sync_bn_backward sync_bn_phases)
   run_fuzz_target() {
     local t=$1 regressions=()
     mkdir -p "$fuzz_tmp/corpus/$t"
     if [[ -d tests/fuzz/corpus/$t ]]; then cp tests/fuzz/corpus/$t/* "$fuzz_tmp/corpus/$t/" 2> /dev/null || true; fi
     if [[ -d tests/fuzz/regressions/$t ]]; then regressions=("tests/fuzz/regressions/$t"); fi
     local rc=0
-    DETOPS_FUZZ_STATS=1 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    DETOPS_FUZZ_STATS=1 ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
+      UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
       "build-fuzz/tests/fuzz/detops_fuzz_$t" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -timeout=25 \
       -artifact_prefix="$artifacts/$t-" -print_final_stats=1 "$fuzz_tmp/corpus/$t" "${regressions[@]}" \
       > "$fuzz_tmp/$t.log" 2>&1 || rc=$?

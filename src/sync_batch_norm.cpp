@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,14 @@ void check_saved(const char* op, const TensorView& mean, const TensorView& invst
     internal::check_no_partial_overlap(op, "save_mean", mean, o.first, *o.second, false);
     internal::check_no_partial_overlap(op, "save_invstd", invstd, o.first, *o.second, false);
   }
+}
+
+/// A phase's output must not share bytes with any of the other tensors of the call (the phases
+/// read their inputs while they write; the one-call path never aliases its scratch).
+void check_disjoint(const char* op, const char* out_name, const TensorView& out,
+                    std::initializer_list<std::pair<const char*, const TensorView*>> others) {
+  for (const auto& o : others)
+    if (o.second->defined()) internal::check_no_partial_overlap(op, out_name, out, o.first, *o.second, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,6 +371,12 @@ detail::SbnFinalizeArgs finalize_args(const std::int64_t* gathered, std::int64_t
   return a;
 }
 
+/// An absent tensor, for the optional entries of check_disjoint.
+const TensorView& absent_view() {
+  static const TensorView none{};
+  return none;
+}
+
 void check_exact_count(const char* op, std::int64_t count) {
   if (count > detail::kSbnExactMaxCount)
     fail(kBad, "{}: {} elements per channel; the exact mode supports at most 2^39", op, count);
@@ -374,12 +389,18 @@ void check_exact_count(const char* op, std::int64_t count) {
 
 std::int64_t sync_batch_norm_record_words(std::int64_t channels, SyncBnMode mode) {
   check_mode("sync_batch_norm_record_words", mode);
-  if (channels < 0) fail(kBad, "sync_batch_norm_record_words: channels is {}; expected >= 0", channels);
+  const std::int64_t per_channel = mode == SyncBnMode::kExact ? 4 : 2;
+  const std::int64_t max_channels = (std::numeric_limits<std::int64_t>::max() - 1) / per_channel;
+  if (channels < 0 || channels > max_channels)
+    fail(kBad, "sync_batch_norm_record_words: channels is {}; expected [0, {}] (1 + {} * channels words fit in int64)",
+         channels, max_channels, per_channel);
   return detail::sbn_record_words(channels, mode == SyncBnMode::kExact);
 }
 
 std::int64_t sync_batch_norm_scale_words(std::int64_t channels, bool backward) {
-  if (channels < 0) fail(kBad, "sync_batch_norm_scale_words: channels is {}; expected >= 0", channels);
+  const std::int64_t max_channels = std::numeric_limits<std::int64_t>::max() / (backward ? 2 : 1);
+  if (channels < 0 || channels > max_channels)
+    fail(kBad, "sync_batch_norm_scale_words: channels is {}; expected [0, {}]", channels, max_channels);
   return backward ? 2 * channels : channels;
 }
 
@@ -393,6 +414,7 @@ void sync_batch_norm_local_scales(const TensorView& x, const TensorView& grad_y,
     check_vec(op, "save_mean", save_mean, x.sizes[1], VecKind::kFloat64, "x", x);
   }
   check_vec(op, "scales", scales, sync_batch_norm_scale_words(x.sizes[1], backward), VecKind::kInt64, "x", x);
+  check_disjoint(op, "scales", scales, {{"x", &x}, {"grad_y", &grad_y}, {"save_mean", &save_mean}});
   local_scales(x, grad_y, backward ? static_cast<const double*>(save_mean.data) : nullptr,
                static_cast<std::int64_t*>(scales.data), ctx);
 }
@@ -402,6 +424,7 @@ void sync_batch_norm_merge_scales(const TensorView& gathered, const TensorView& 
   internal::check_tensor(op, "scales", scales, 1);
   const std::int64_t ranks = check_gathered(op, gathered, scales.sizes[0], "scales", scales);
   check_vec(op, "scales", scales, gathered.sizes[1], VecKind::kInt64, "gathered", gathered);
+  check_disjoint(op, "scales", scales, {{"gathered", &gathered}});
   merge_scales(static_cast<const std::int64_t*>(gathered.data), ranks, gathered.sizes[1],
                static_cast<std::int64_t*>(scales.data), scales.device, ctx);
 }
@@ -417,6 +440,7 @@ void sync_batch_norm_local_stats(const TensorView& x, const TensorView& record, 
     check_vec(op, "scales", scales, x.sizes[1], VecKind::kInt64, "x", x);
     check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   }
+  check_disjoint(op, "record", record, {{"x", &x}, {"scales", exact ? &scales : &absent_view()}});
   local_stats(x, exact, exact ? static_cast<const std::int64_t*>(scales.data) : nullptr,
               static_cast<std::int64_t*>(record.data), ctx);
 }
@@ -438,6 +462,18 @@ void sync_batch_norm_finalize_stats(const TensorView& gathered, const SyncBnPara
   check_saved(op, save_mean, save_invstd, like, true,
               {{"running_mean", &params.running_mean}, {"running_var", &params.running_var}, {"gathered", &gathered}});
   if (exact) check_vec(op, "scales", scales, C, VecKind::kInt64, "save_mean", save_mean);
+  const TensorView& sc = exact ? scales : absent_view();
+  check_disjoint(op, "save_mean", save_mean, {{"scales", &sc}});
+  check_disjoint(op, "save_invstd", save_invstd, {{"scales", &sc}});
+  if (running && opts.training) {  // updated in place
+    for (const auto& out : {std::make_pair("running_mean", &params.running_mean),
+                            std::make_pair("running_var", &params.running_var),
+                            std::make_pair("num_batches_tracked", &params.num_batches_tracked)})
+      if (out.second->defined())
+        check_disjoint(op, out.first, *out.second,
+                       {{"gathered", &gathered}, {"scales", &sc}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd},
+                        {"weight", &params.weight}, {"bias", &params.bias}});
+  }
   finalize(finalize_args(static_cast<const std::int64_t*>(gathered.data), ranks, C, opts,
                          exact ? static_cast<const std::int64_t*>(scales.data) : nullptr, params,
                          running && opts.training, static_cast<double*>(save_mean.data),
@@ -455,6 +491,9 @@ void sync_batch_norm_apply(const TensorView& x, const SyncBnParams& params, cons
   SyncBnOptions o;
   check_params(op, params, x, o, false);
   check_saved(op, save_mean, save_invstd, x, false, {});
+  check_disjoint(op, "y", y,
+                 {{"weight", &params.weight}, {"bias", &params.bias}, {"running_mean", &params.running_mean},
+                  {"running_var", &params.running_var}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
   apply(x, params, static_cast<const double*>(save_mean.data), static_cast<const double*>(save_invstd.data), y, ctx);
 }
 
@@ -472,6 +511,8 @@ void sync_batch_norm_local_backward(const TensorView& grad_y, const TensorView& 
     check_vec(op, "scales", scales, 2 * x.sizes[1], VecKind::kInt64, "x", x);
     check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   }
+  check_disjoint(op, "record", record,
+                 {{"grad_y", &grad_y}, {"x", &x}, {"save_mean", &save_mean}, {"scales", exact ? &scales : &absent_view()}});
   local_backward(grad_y, x, static_cast<const double*>(save_mean.data), exact,
                  exact ? static_cast<const std::int64_t*>(scales.data) : nullptr,
                  static_cast<std::int64_t*>(record.data), ctx);
@@ -493,6 +534,16 @@ void sync_batch_norm_finalize_backward(const TensorView& gathered, int rank, Syn
   if (grad_weight.defined()) check_vec(op, "grad_weight", grad_weight, C, VecKind::kParam, "gathered", gathered);
   if (grad_bias.defined()) check_vec(op, "grad_bias", grad_bias, C, VecKind::kParam, "gathered", gathered);
   if (exact) check_vec(op, "scales", scales, 2 * C, VecKind::kInt64, "gathered", gathered);
+  const TensorView& sc = exact ? scales : absent_view();
+  check_disjoint(op, "sums", sums, {{"gathered", &gathered}, {"save_invstd", &save_invstd}, {"scales", &sc}});
+  for (const auto& g : {std::make_pair("grad_weight", &grad_weight), std::make_pair("grad_bias", &grad_bias)}) {
+    if (!g.second->defined()) continue;
+    internal::check_non_overlapping(op, g.first, *g.second);
+    check_disjoint(op, g.first, *g.second,
+                   {{"gathered", &gathered}, {"save_invstd", &save_invstd}, {"scales", &sc}, {"sums", &sums}});
+  }
+  if (grad_weight.defined() && grad_bias.defined())
+    internal::check_no_partial_overlap(op, "grad_bias", grad_bias, "grad_weight", grad_weight, false);
   detail::SbnBackwardFinalizeArgs a{};
   a.gathered = static_cast<const std::int64_t*>(gathered.data);
   a.ranks = ranks;
@@ -521,6 +572,8 @@ void sync_batch_norm_backward_apply(const TensorView& grad_y, const TensorView& 
   if (weight.defined()) check_vec(op, "weight", weight, x.sizes[1], VecKind::kParam, "x", x);
   check_saved(op, save_mean, save_invstd, x, false, {});
   check_vec(op, "sums", sums, 2 * x.sizes[1] + 1, VecKind::kFloat64, "x", x);
+  check_disjoint(op, "grad_x", grad_x,
+                 {{"weight", &weight}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}, {"sums", &sums}});
   backward_apply(grad_y, x, weight, static_cast<const double*>(save_mean.data),
                  static_cast<const double*>(save_invstd.data), static_cast<const double*>(sums.data), grad_x, ctx);
 }

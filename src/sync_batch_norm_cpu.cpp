@@ -485,6 +485,7 @@ void sbn_finalize_cpu(const detail::SbnFinalizeArgs& args) {
 }
 
 void sbn_finalize_backward_cpu(const detail::SbnBackwardFinalizeArgs& args) {
+  detail::sbn_finalize_backward_count(args);
   for (std::int64_t c = 0; c < args.channels; ++c) detail::sbn_finalize_backward_channel(args, c);
 }
 

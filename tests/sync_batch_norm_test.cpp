@@ -656,6 +656,152 @@ TEST(SyncBnPhases, HandDrivenTwoRanksEqualTheOneCallGroup) {
   }
 }
 
+/// Views of rows of an int64 [rows, words] tensor, and of a [n] prefix of a float64 tensor.
+TensorView row_of(const Tensor& t, std::int64_t r) {
+  TensorView row = t.view();
+  row.rank = 1, row.sizes[0] = t.view().sizes[1], row.strides[0] = 1;
+  row.data = const_cast<std::int64_t*>(t.data<std::int64_t>()) + r * row.sizes[0];
+  return row;
+}
+
+// Regressions found by the sync_bn_phases fuzz target (tests/fuzz/regressions/sync_bn_phases/):
+// finalize on gathered words that no local_stats wrote must not overflow (undefined behaviour)
+// and must not pass garbage off as statistics.
+TEST(SyncBnPhases, GarbageCountsGiveNaNStatisticsAndUpdateNothing) {
+  const std::int64_t C = 2;
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    const bool exact = mode == SyncBnMode::kExact;
+    const std::int64_t words = sync_batch_norm_record_words(C, mode);
+    SyncBnOptions o;
+    o.mode = mode;
+    const Tensor scales = make_tensor({C}, DType::kInt64, {3.0, 3.0});
+    // negative count; counts whose sum overflows int64; a count of INT64_MIN
+    const std::int64_t cases[][2] = {{-1, 5}, {std::numeric_limits<std::int64_t>::max(), 2},
+                                     {std::int64_t{1} << 62, std::int64_t{1} << 62},
+                                     {std::numeric_limits<std::int64_t>::min(), 3}};
+    for (const auto& counts : cases) {
+      Tensor gathered = Tensor::zeros({2, words}, DType::kInt64);
+      std::int64_t* g = gathered.data<std::int64_t>();
+      for (std::int64_t i = 0; i < 2 * words; ++i) g[i] = std::numeric_limits<std::int64_t>::max();  // i128 sums overflow too
+      g[0] = counts[0], g[words] = counts[1];
+      const Tensor rm = make_tensor({C}, DType::kFloat32, {1.0, 2.0}), rv = make_tensor({C}, DType::kFloat32, {3.0, 4.0});
+      const Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+      const Tensor mean = Tensor::zeros({C}, DType::kFloat64), invstd = Tensor::zeros({C}, DType::kFloat64);
+      sync_batch_norm_finalize_stats(gathered, SyncBnParams{{}, {}, rm, rv, nbt}, mean, invstd, o,
+                                     exact ? scales.view() : TensorView{});
+      for (double v : to_vector(mean)) EXPECT_TRUE(std::isnan(v)) << counts[0] << " " << counts[1];
+      for (double v : to_vector(invstd)) EXPECT_TRUE(std::isnan(v));
+      EXPECT_EQ(to_vector(rm), (std::vector<double>{1.0, 2.0}));
+      EXPECT_EQ(to_vector(rv), (std::vector<double>{3.0, 4.0}));
+      EXPECT_EQ(nbt.data<std::int64_t>()[0], 0);
+      const Tensor sums = Tensor::zeros({2 * C + 1}, DType::kFloat64), invstd1 = make_tensor({C}, DType::kFloat64, {1.0, 1.0});
+      const Tensor bscales = make_tensor({2 * C}, DType::kInt64, {3.0, 3.0, 3.0, 3.0});
+      sync_batch_norm_finalize_backward(gathered, 1, mode, invstd1, sums, {}, {}, exact ? bscales.view() : TensorView{});
+      EXPECT_TRUE(std::isnan(to_vector(sums)[static_cast<std::size_t>(2 * C)]));
+      // a NaN count gives NaN gradients (not the evaluation-mode formula)
+      const Tensor x = Tensor::zeros({1, C, 1, 1}, DType::kFloat32), dy = make_tensor({1, C, 1, 1}, DType::kFloat32, {1.0, 1.0});
+      const Tensor dx = Tensor::zeros({1, C, 1, 1}, DType::kFloat32);
+      sync_batch_norm_backward_apply(dy, x, {}, Tensor::zeros({C}, DType::kFloat64), invstd1, sums, dx);
+      for (double v : to_vector(dx)) EXPECT_TRUE(std::isnan(v));
+    }
+  }
+}
+
+TEST(SyncBnPhases, ExponentsOutsideTheSentinelRangeAreDefined) {
+  // exponents no local_scales can give (it gives -1073..1024 and the two sentinels): records
+  // quantize to 0 and the statistics are NaN, without the int conversions overflowing
+  const std::int64_t C = 1;
+  const Tensor x = make_tensor({2, C, 1, 1}, DType::kFloat32, {1.0, 2.0});
+  for (std::int64_t e : {std::int64_t{1100}, std::int64_t{-1100}, std::int64_t{2147483647}, std::int64_t{-2147483648LL},
+                         std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min(),
+                         detail::kSbnNonFiniteExponent + 1, detail::kSbnZeroExponent - 1}) {
+    const Tensor scales = make_tensor({C}, DType::kInt64, {0.0});
+    scales.data<std::int64_t>()[0] = e;
+    const std::int64_t words = sync_batch_norm_record_words(C, SyncBnMode::kExact);
+    Tensor gathered = Tensor::zeros({1, words}, DType::kInt64);
+    sync_batch_norm_local_stats(x, row_of(gathered, 0), SyncBnMode::kExact, scales);
+    std::int64_t* g = gathered.data<std::int64_t>();
+    EXPECT_EQ(g[0], 2);
+    for (std::int64_t i = 1; i < words; ++i) EXPECT_EQ(g[i], 0) << e;
+    g[1] = 12345;  // a non-zero sum with that exponent
+    SyncBnOptions o;
+    o.mode = SyncBnMode::kExact;
+    const Tensor mean = Tensor::zeros({C}, DType::kFloat64), invstd = Tensor::zeros({C}, DType::kFloat64);
+    sync_batch_norm_finalize_stats(gathered, SyncBnParams{}, mean, invstd, o, scales);
+    EXPECT_TRUE(std::isnan(to_vector(mean)[0])) << e;
+    EXPECT_TRUE(std::isnan(to_vector(invstd)[0])) << e;
+  }
+  // the valid extremes still work: 2^-1074 and DBL_MAX
+  EXPECT_EQ(detail::sbn_exponent(std::numeric_limits<double>::denorm_min()), detail::kSbnMinExponent);
+  EXPECT_EQ(detail::sbn_exponent(std::numeric_limits<double>::max()), detail::kSbnMaxExponent);
+}
+
+TEST(SyncBnPhases, WordCountsThatOverflowAreRejected) {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(sync_batch_norm_record_words((big - 1) / 4, SyncBnMode::kExact), 1 + 4 * ((big - 1) / 4));
+  EXPECT_EQ(sync_batch_norm_record_words((big - 1) / 2, SyncBnMode::kDefault), 1 + 2 * ((big - 1) / 2));
+  EXPECT_EQ(sync_batch_norm_scale_words(big / 2, true), 2 * (big / 2));
+  EXPECT_EQ(sync_batch_norm_scale_words(big, false), big);
+  for (auto f : std::vector<std::function<void()>>{[&] { sync_batch_norm_record_words((big - 1) / 4 + 1, SyncBnMode::kExact); },
+                                                   [&] { sync_batch_norm_record_words(big / 2 + 1, SyncBnMode::kDefault); },
+                                                   [&] { sync_batch_norm_record_words(big, SyncBnMode::kExact); },
+                                                   [&] { sync_batch_norm_scale_words(big / 2 + 1, true); }}) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST(SyncBnPhases, FinalizeBackwardWritesTheCountWithNoChannels) {
+  const Tensor gathered = make_tensor({2, 1}, DType::kInt64, {3.0, 4.0});
+  const Tensor sums = make_tensor({1}, DType::kFloat64, {-1.0});
+  sync_batch_norm_finalize_backward(gathered, 0, SyncBnMode::kDefault, Tensor::zeros({0}, DType::kFloat64), sums, {}, {});
+  EXPECT_EQ(to_vector(sums)[0], 7.0);
+}
+
+TEST(SyncBnPhases, OutputsSharingBytesWithOtherArgumentsAreRejected) {
+  // found by the fuzz target: grad_weight inside sums gave wrong sums; the phases now reject
+  // what the one-call path never does (an output sharing bytes with another tensor of the call)
+  const std::int64_t C = 2, words = sync_batch_norm_record_words(C, SyncBnMode::kDefault);
+  const Tensor gathered = Tensor::zeros({1, words}, DType::kInt64);
+  const Tensor invstd = make_tensor({C}, DType::kFloat64, {1.0, 1.0});
+  const Tensor sums = Tensor::zeros({2 * C + 1}, DType::kFloat64);
+  TensorView gw_in_sums = sums.view();
+  gw_in_sums.sizes[0] = C;
+  const Tensor gw = Tensor::zeros({C}, DType::kFloat64);
+  auto expect_bad = [](const std::function<void()>& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_bad([&] { sync_batch_norm_finalize_backward(gathered, 0, SyncBnMode::kDefault, invstd, sums, gw_in_sums, {}); },
+             "grad_weight overlaps sums");
+  expect_bad([&] { sync_batch_norm_finalize_backward(gathered, 0, SyncBnMode::kDefault, invstd, sums, gw, gw); },
+             "grad_bias overlaps grad_weight");
+  TensorView sums_in_gathered = gathered.view();
+  sums_in_gathered.rank = 1, sums_in_gathered.sizes[0] = 2 * C + 1, sums_in_gathered.strides[0] = 1;
+  sums_in_gathered.dtype = DType::kFloat64;
+  expect_bad([&] { sync_batch_norm_finalize_backward(gathered, 0, SyncBnMode::kDefault, invstd, sums_in_gathered, {}, {}); },
+             "sums overlaps gathered");
+  const Tensor x = make_tensor({1, C, 1, 1}, DType::kFloat64, {1.0, 2.0});
+  const Tensor mean = Tensor::zeros({C}, DType::kFloat64);
+  TensorView y_on_mean = x.view();
+  y_on_mean.data = mean.view().data;
+  expect_bad([&] { sync_batch_norm_apply(x, SyncBnParams{}, mean, invstd, y_on_mean); }, "y overlaps save_mean");
+  const Tensor big_x = Tensor::zeros({1, C, 2, 2}, DType::kFloat64);
+  TensorView record_in_big_x = big_x.view();
+  record_in_big_x.rank = 1, record_in_big_x.sizes[0] = words, record_in_big_x.strides[0] = 1;
+  record_in_big_x.dtype = DType::kInt64;
+  expect_bad([&] { sync_batch_norm_local_stats(big_x, record_in_big_x, SyncBnMode::kDefault); }, "record overlaps x");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rank agreement, failing ranks, timeouts
 

@@ -40,6 +40,9 @@ inline constexpr int kSbnFixedBits = 44;         // exact mode: |q| <= 2^44
 inline constexpr std::int64_t kSbnExactMaxCount = std::int64_t{1} << 39;  // so S2 < 2^127
 inline constexpr std::int64_t kSbnZeroExponent = -(std::int64_t{1} << 20);     // every element is 0
 inline constexpr std::int64_t kSbnNonFiniteExponent = std::int64_t{1} << 20;   // some element is inf/NaN
+// The exponents sbn_exponent gives for finite non-zero values: 2^-1074 -> -1073, DBL_MAX -> 1024.
+inline constexpr std::int64_t kSbnMinExponent = -1073;
+inline constexpr std::int64_t kSbnMaxExponent = 1024;
 
 /// Count, mean and sum of squared deviations of a set of values.
 struct SbnMoments {
@@ -154,6 +157,13 @@ DETOPS_HOST_DEVICE inline std::int64_t sbn_exponent(double absmax) {
   return e;
 }
 
+/// Whether an exponent word is a finite one sbn_exponent can return. The phases take exponent and
+/// record words from their caller: any other word (not one of the two sentinels either) is
+/// garbage, and is treated as kSbnNonFiniteExponent (values quantize to 0, statistics are NaN).
+DETOPS_HOST_DEVICE inline bool sbn_finite_exponent(std::int64_t e) {
+  return e >= kSbnMinExponent && e <= kSbnMaxExponent;
+}
+
 /// 2^k for -1022 <= k <= 1023, built from its bits.
 DETOPS_HOST_DEVICE inline double sbn_pow2(int k) {
   const std::int64_t bits = static_cast<std::int64_t>(k + 1023) << 52;
@@ -173,8 +183,8 @@ struct SbnQuantScale {
   double f1, f2;
 };
 DETOPS_HOST_DEVICE inline SbnQuantScale sbn_quant_scale(std::int64_t e) {
-  if (e == kSbnZeroExponent || e == kSbnNonFiniteExponent) return {0.0, 0.0};
-  const int k = kSbnFixedBits - static_cast<int>(e);  // -980 <= k <= 1118
+  if (!sbn_finite_exponent(e)) return {0.0, 0.0};     // the sentinels, or a garbage word
+  const int k = kSbnFixedBits - static_cast<int>(e);  // -980 <= k <= 1117
   if (k > 1000) return {sbn_pow2(1000), sbn_pow2(k - 1000)};
   return {sbn_pow2(k), 1.0};
 }
@@ -354,34 +364,51 @@ struct SbnFinalizeArgs {
   double* save_invstd;
 };
 
-/// Global count (the sum of the ranks' word 0).
+/// Global count (the sum of the ranks' word 0), or -1 when the records are garbage: a count is
+/// negative or the sum does not fit in int64 (no local_stats writes such records; a caller of the
+/// phases may gather anything). Finalizing garbage gives NaN statistics and updates nothing.
 DETOPS_HOST_DEVICE inline std::int64_t sbn_global_count(const std::int64_t* gathered, std::int64_t ranks,
                                                         std::int64_t words) {
   std::int64_t n = 0;
-  for (std::int64_t r = 0; r < ranks; ++r) n += gathered[r * words];
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    const std::int64_t k = gathered[r * words];
+    if (k < 0 || k > 9223372036854775807LL - n) return -1;
+    n += k;
+  }
   return n;
+}
+
+/// Wrapping 128-bit sum (defined for any words; exact for the sums local_stats writes, which
+/// cannot overflow).
+DETOPS_HOST_DEVICE inline sbn_i128 sbn_add_i128(sbn_i128 a, sbn_i128 b) {
+  return static_cast<sbn_i128>(static_cast<sbn_u128>(a) + static_cast<sbn_u128>(b));
 }
 
 /// Global mean and biased variance of channel c. Default mode: the ranks' moments merged in
 /// rank order (the fixed tree over ranks, done with a stack of at most 64 partial results).
 DETOPS_HOST_DEVICE inline SbnMoments sbn_global_moments(const SbnFinalizeArgs& a, std::int64_t c) {
+  // garbage counts (negative, or overflowing): NaN statistics; otherwise no partial count of
+  // the merges below can overflow
+  const std::int64_t n = sbn_global_count(a.gathered, a.ranks, a.words);
+  if (n < 0) {
+    const double nan = ::nan("");
+    return {-1, nan, nan};
+  }
   if (a.exact) {
     sbn_i128 s1 = 0, s2 = 0;
-    std::int64_t n = 0;
     for (std::int64_t r = 0; r < a.ranks; ++r) {
       const std::int64_t* rec = a.gathered + r * a.words;
-      n += rec[0];
-      s1 += sbn_load_i128(rec + 1 + 4 * c);
-      s2 += sbn_load_i128(rec + 1 + 4 * c + 2);
+      s1 = sbn_add_i128(s1, sbn_load_i128(rec + 1 + 4 * c));
+      s2 = sbn_add_i128(s2, sbn_load_i128(rec + 1 + 4 * c + 2));
     }
     SbnMoments m{n, 0.0, 0.0};
     const std::int64_t e = a.exponents[c];
     if (n == 0) return m;
-    if (e == kSbnNonFiniteExponent) {
+    if (e == kSbnZeroExponent) return m;
+    if (!sbn_finite_exponent(e)) {  // kSbnNonFiniteExponent, or a garbage word
       const double nan = ::nan("");
       return {n, nan, nan};
     }
-    if (e == kSbnZeroExponent) return m;
     const int scale = static_cast<int>(e) - kSbnFixedBits;
     const double dn = static_cast<double>(n);
     m.mean = ::ldexp(sbn_i128_to_double(s1) / dn, scale);
@@ -425,6 +452,11 @@ DETOPS_HOST_DEVICE inline std::int64_t sbn_next_count(std::int64_t n) {
 /// M2 / (n - 1) needs it).
 DETOPS_HOST_DEVICE inline void sbn_finalize_channel(const SbnFinalizeArgs& a, std::int64_t c) {
   const SbnMoments m = sbn_global_moments(a, c);
+  if (m.n < 0) {  // garbage counts
+    a.save_mean[c] = m.mean;
+    a.save_invstd[c] = m.mean;
+    return;
+  }
   if (m.n == 0) {
     a.save_mean[c] = 0.0;
     a.save_invstd[c] = 0.0;
@@ -461,8 +493,8 @@ struct SbnBackwardFinalizeArgs {
 };
 
 DETOPS_HOST_DEVICE inline double sbn_exact_sum(sbn_i128 s, std::int64_t e) {
-  if (e == kSbnNonFiniteExponent) return ::nan("");
   if (e == kSbnZeroExponent) return 0.0;
+  if (!sbn_finite_exponent(e)) return ::nan("");  // kSbnNonFiniteExponent, or a garbage word
   return ::ldexp(sbn_i128_to_double(s), static_cast<int>(e) - kSbnFixedBits);
 }
 
@@ -474,13 +506,20 @@ DETOPS_HOST_DEVICE inline SbnSums sbn_record_sums(const SbnBackwardFinalizeArgs&
   return {sbn_word_double(rec[1 + 2 * c]), sbn_word_double(rec[2 + 2 * c])};
 }
 
+/// sums[2C]: the global count, NaN for garbage counts. Once per call, also when C == 0 (the
+/// backends call it besides the channels).
+DETOPS_HOST_DEVICE inline void sbn_finalize_backward_count(const SbnBackwardFinalizeArgs& a) {
+  const std::int64_t n = sbn_global_count(a.gathered, a.ranks, a.words);
+  a.sums[2 * a.channels] = n < 0 ? ::nan("") : static_cast<double>(n);
+}
+
 DETOPS_HOST_DEVICE inline void sbn_finalize_backward_channel(const SbnBackwardFinalizeArgs& a, std::int64_t c) {
   SbnSums total{0.0, 0.0};
   if (a.exact) {
     sbn_i128 sdy = 0, sg = 0;
     for (std::int64_t r = 0; r < a.ranks; ++r) {
-      sdy += sbn_load_i128(a.gathered + r * a.words + 1 + 4 * c);
-      sg += sbn_load_i128(a.gathered + r * a.words + 3 + 4 * c);
+      sdy = sbn_add_i128(sdy, sbn_load_i128(a.gathered + r * a.words + 1 + 4 * c));
+      sg = sbn_add_i128(sg, sbn_load_i128(a.gathered + r * a.words + 3 + 4 * c));
     }
     total = {sbn_exact_sum(sdy, a.exponents[c]), sbn_exact_sum(sg, a.exponents[a.channels + c])};
   } else {
@@ -506,7 +545,6 @@ DETOPS_HOST_DEVICE inline void sbn_finalize_backward_channel(const SbnBackwardFi
   }
   a.sums[c] = total.dy;
   a.sums[a.channels + c] = total.dyxmu;
-  if (c == 0) a.sums[2 * a.channels] = static_cast<double>(sbn_global_count(a.gathered, a.ranks, a.words));
   const SbnSums local = sbn_record_sums(a, a.gathered + a.rank * a.words, c);
   sbn_store(a.grad_weight, c, local.dyxmu * a.save_invstd[c]);
   sbn_store(a.grad_bias, c, local.dy);
@@ -536,9 +574,12 @@ DETOPS_HOST_DEVICE inline SbnGradCoef sbn_grad_coef(double weight, double mean, 
   if (n > 0) {
     g.mdy = sum_dy / n;
     g.kx = (invstd * invstd) * (sum_dyxmu / n);
-  } else {
+  } else if (n == 0) {
     g.mdy = 0.0;
     g.kx = 0.0;
+  } else {  // a NaN (garbage records) or negative count from a caller of the phases: NaN gradients
+    g.mdy = ::nan("");
+    g.kx = g.mdy;
   }
   return g;
 }
