@@ -379,7 +379,7 @@ const TensorView& absent_view() {
 
 void check_exact_count(const char* op, std::int64_t count) {
   if (count > detail::kSbnExactMaxCount)
-    fail(kBad, "{}: {} elements per channel; the exact mode supports at most 2^39", op, count);
+    fail(kBad, "{}: {} elements per channel; the exact mode supports fewer than 2^39", op, count);
 }
 
 }  // namespace

@@ -34,7 +34,8 @@
 //             batch, so a multi-rank run can be replayed on one process bit for bit. The values
 //             are rounded to the grid 2^(E - 44), 2^E the power of two above the channel's
 //             largest |x|, before summing (|error| of each value, and of the mean,
-//             <= 2^-44 max|x|). At most 2^39 elements per channel in all.
+//             <= 2^-44 max|x|). Fewer than 2^39 elements per channel on each rank (checked)
+//             and in all (the caller's responsibility: sums past that wrap).
 // Every dtype (float32, float64, float16, bfloat16) computes in float64 and rounds once to the
 // stored type. Shapes: x, y, grad_* are [N, C, H, W], NCHW, NHWC or any strides.
 // Errors are detops::Error, raised before anything is written, on every rank when

@@ -37,7 +37,7 @@ namespace detail {
 inline constexpr int kSbnLanes = 32;
 inline constexpr std::int64_t kSbnChunk = 256;   // elements per chunk (8 per lane)
 inline constexpr int kSbnFixedBits = 44;         // exact mode: |q| <= 2^44
-inline constexpr std::int64_t kSbnExactMaxCount = std::int64_t{1} << 39;  // so S2 < 2^127
+inline constexpr std::int64_t kSbnExactMaxCount = (std::int64_t{1} << 39) - 1;  // S2 <= (2^39 - 1) 2^88 < 2^127
 inline constexpr std::int64_t kSbnZeroExponent = -(std::int64_t{1} << 20);     // every element is 0
 inline constexpr std::int64_t kSbnNonFiniteExponent = std::int64_t{1} << 20;   // some element is inf/NaN
 // The exponents sbn_exponent gives for finite non-zero values: 2^-1074 -> -1073, DBL_MAX -> 1024.
