@@ -124,6 +124,9 @@ void sync_batch_norm_local_stats(const TensorView& x, const TensorView& record, 
                                  const TensorView& scales = {}, const Context& ctx = {});
 /// Merges the gathered records in rank order into save_mean and save_invstd and updates the
 /// running statistics (params.running_*, params.num_batches_tracked) as the one-call forward does.
+/// Records are data, not arguments (on CUDA they are never read by the host): corrupt ones (a
+/// negative count, counts whose sum overflows, exponents out of range) give NaN statistics and
+/// leave the running statistics alone; they never crash.
 void sync_batch_norm_finalize_stats(const TensorView& gathered, const SyncBnParams& params, const TensorView& save_mean,
                                     const TensorView& save_invstd, const SyncBnOptions& opts = {},
                                     const TensorView& scales = {}, const Context& ctx = {});
