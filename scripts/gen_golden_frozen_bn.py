@@ -63,10 +63,12 @@ shortest decimal string that reads back (e.g. with strtod) to the identical doub
 occur (torch.relu keeps the sign of a negative zero; compare values, not bits, at zeros).
 """
 
-import argparse
 import os
 import random
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_common import emit_array, fmt, write_or_check  # noqa: E402
 
 import torch
 import torchvision
@@ -75,9 +77,6 @@ from torchvision.ops import FrozenBatchNorm2d
 SEED = 20240717
 OUT_NAME = "frozen_bn_torchvision.txt"
 
-
-def fmt(v):
-    return repr(float(v))  # shortest round-trip decimal
 
 
 def ints(rng, count, lo, hi, denom):
@@ -202,11 +201,6 @@ def run_case(c):
     return res
 
 
-def emit_array(lines, label, vals, row):
-    lines.append("%s %d" % (label, len(vals)))
-    for i in range(0, len(vals), row):
-        lines.append(" ".join(fmt(v) for v in vals[i:i + row]))
-
 
 def render():
     torch.set_num_threads(1)
@@ -236,23 +230,7 @@ def render():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                                      "golden"))
-    ap.add_argument("--check", action="store_true", help="compare with the file on disk instead of writing it")
-    args = ap.parse_args()
-    path = os.path.normpath(os.path.join(args.out_dir, OUT_NAME))
-    data = render()
-    if args.check:
-        with open(path, "rb") as f:
-            same = f.read() == data
-        print("%s: %s" % (path, "up to date" if same else "DIFFERS"))
-        return 0 if same else 1
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    print("wrote %s (%d bytes)" % (path, len(data)))
-    return 0
+    return write_or_check(__doc__.split("\n")[0], OUT_NAME, render)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,12 @@ Values are printed with Python's repr(), the shortest decimal string that reads 
 strtod) to the identical double.
 """
 
-import argparse
 import os
 import random
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_common import emit_array, fmt, write_or_check  # noqa: E402
 
 import torch
 import torchvision
@@ -65,9 +67,6 @@ OUTPUT_SIZES = ((1, 1), (2, 3), (7, 7), (14, 14))
 BOXES_7X7 = 3
 BOXES_14X14 = (11, 12, 13, 1, 0, 16, 2, 9, 14, 18)
 
-
-def fmt(v):
-    return repr(float(v))  # shortest round-trip decimal; "-0.0", "inf" never occur here
 
 
 def feature_boxes(H, W, PH, PW, sr):
@@ -163,11 +162,6 @@ def run_case(c):
     return out.detach().reshape(-1).tolist(), x.grad.detach().reshape(-1).tolist()
 
 
-def emit_array(lines, label, vals, row):
-    lines.append("%s %d" % (label, len(vals)))
-    for i in range(0, len(vals), row):
-        lines.append(" ".join(fmt(v) for v in vals[i:i + row]))
-
 
 def render():
     torch.set_num_threads(1)
@@ -194,23 +188,7 @@ def render():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                                      "golden"))
-    ap.add_argument("--check", action="store_true", help="compare with the file on disk instead of writing it")
-    args = ap.parse_args()
-    path = os.path.normpath(os.path.join(args.out_dir, OUT_NAME))
-    data = render()
-    if args.check:
-        with open(path, "rb") as f:
-            same = f.read() == data
-        print("%s: %s" % (path, "up to date" if same else "DIFFERS"))
-        return 0 if same else 1
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
-    print("wrote %s (%d bytes)" % (path, len(data)))
-    return 0
+    return write_or_check(__doc__.split("\n")[0], OUT_NAME, render)
 
 
 if __name__ == "__main__":
