@@ -36,7 +36,9 @@
 //                                   direction in exact mode, 1 in default) and their waits, plus
 //                                   one std::thread started per step for rank 1.
 //   device cpu|cuda, dtype f32|f16|bf16, layout nchw|nhwc, mode default|exact (SyncBnMode),
-//   t<n> = Context::num_threads (CPU only). Google Benchmark appends /real_time (CPU: wall clock,
+//   t<n> = Context::num_threads (CPU only); a suffix /isa_baseline or /isa_avx2 sets
+//   Context::cpu_isa (CPU train step only; without it the kernels use the widest set the CPU
+//   has). Google Benchmark appends /real_time (CPU: wall clock,
 //   since the op runs its own threads) or /manual_time (CUDA: events).
 //
 // Counters: items = N*C*H*W elements. bytes = one tensor (N*C*H*W * dtype size) per pass over a
@@ -54,13 +56,15 @@
 //   train step    forward + backward                         (default 8, exact 11)
 //   thread group  the train step's, over both ranks
 //
-// Default selection (35 runs, about 40 s on a loaded 2-core VM): float32; res5 NCHW carries every
+// Default selection (43 runs, about 50 s on a loaded 2-core VM): float32; res5 NCHW carries every
 // benchmark in default mode at 1 and 2 threads, plus the exact train step (t1, t2) and exact
 // local stats (t2); res5 NHWC the train step (t1, t2, exact t2) and the four phases at t2; the
 // 2-rank thread group for res5 (both layouts) and box; res2 and box the train step at 1 and 2
-// threads (NCHW) and 2 threads (NHWC), plus res2's forward and backward at 2 threads.
+// threads (NCHW) and 2 threads (NHWC), plus res2's forward and backward at 2 threads; the train
+// step of res5 and box, both layouts, 1 thread, at /isa_baseline and /isa_avx2.
 // DETOPS_BENCH_FULL=1 in the environment registers the whole grid (3 shapes x 2 layouts x 2 modes
-// x every benchmark x {1, 2} threads, float32; float16 and bfloat16 for the train step). CUDA
+// x every benchmark x {1, 2} threads, float32; float16 and bfloat16 for the train step; the
+// float32 default-mode train step also at /isa_baseline and /isa_avx2). CUDA
 // builds (DETOPS_BENCH_CUDA=1) register the CUDA grid (float32: forward, backward and train step
 // for every shape, layout and mode; the four phases for res2 default; all of it with
 // DETOPS_BENCH_FULL); without a device each CUDA benchmark skips, it never fails. The
@@ -120,6 +124,7 @@ struct Config {
   Layout layout = Layout::kNCHW;
   SyncBnMode mode = SyncBnMode::kDefault;
   int threads = 1;  // CPU only; per rank for the thread group
+  CpuIsa isa = CpuIsa::kAuto;  // CPU only: Context::cpu_isa (a suffix /isa_<name> unless auto)
 
   static const char* kind_name(Kind k) {
     switch (k) {
@@ -140,6 +145,7 @@ struct Config {
     if (kind != Kind::kApply && kind != Kind::kBackwardApply) n += mode == SyncBnMode::kExact ? "/exact" : "/default";
     if (kind == Kind::kThreadGroup) n += "/r2";
     if (device.is_cpu()) n += fmt::format("/t{}", threads);
+    if (device.is_cpu() && isa != CpuIsa::kAuto) n += fmt::format("/isa_{}", cpu_isa_name(isa));
     return n;
   }
   /// Inputs are shared by every benchmark with the same key.
@@ -258,6 +264,7 @@ void thread_group_loop(benchmark::State& state, const Config& c, const Inputs& i
   }
   Context ctx;
   ctx.num_threads = c.threads;
+  ctx.cpu_isa = c.isa;
   auto step = [&](int r) {
     const std::int64_t n0 = c.shape.N * r / kRanks, n1 = c.shape.N * (r + 1) / kRanks;
     const TensorView x = batch_slice(in.x, n0, n1), dy = batch_slice(in.grad_y, n0, n1);
@@ -300,6 +307,7 @@ void bm(benchmark::State& state, const Config& c) {
   const Inputs& in = inputs(c);
   Context ctx;
   ctx.num_threads = c.threads;
+  ctx.cpu_isa = c.isa;
   SyncBnOptions opts;
   opts.mode = c.mode;
   RankState st(c.shape.C, c.device);
@@ -417,11 +425,15 @@ void add(const Config& c) {
   else b->UseManualTime();
 }
 
-Config cfg(Kind k, Device dev, const Shape& s, DType dt, Layout l, SyncBnMode m, int t) {
+Config cfg(Kind k, Device dev, const Shape& s, DType dt, Layout l, SyncBnMode m, int t,
+           CpuIsa isa = CpuIsa::kAuto) {
   Config c;
-  c.kind = k, c.device = dev, c.shape = s, c.dtype = dt, c.layout = l, c.mode = m, c.threads = t;
+  c.kind = k, c.device = dev, c.shape = s, c.dtype = dt, c.layout = l, c.mode = m, c.threads = t, c.isa = isa;
   return c;
 }
+
+/// The narrower instruction sets, for the side-by-side runs of the same configuration.
+constexpr CpuIsa kNarrowIsas[] = {CpuIsa::kBaseline, CpuIsa::kAvx2};
 
 constexpr SyncBnMode kModes[] = {SyncBnMode::kDefault, SyncBnMode::kExact};
 constexpr Kind kOneRankKinds[] = {Kind::kForward, Kind::kBackward, Kind::kTrainStep, Kind::kLocalStats,
@@ -450,6 +462,8 @@ void register_grid(Device dev, std::initializer_list<int> thread_counts, bool fu
               add(cfg(Kind::kBackwardApply, dev, s, dt, l, m, t));
             }
             if (cpu && f32 && t == 1) add(cfg(Kind::kThreadGroup, dev, s, dt, l, m, t));
+            if (cpu && f32 && m == SyncBnMode::kDefault)
+              for (CpuIsa isa : kNarrowIsas) add(cfg(Kind::kTrainStep, dev, s, dt, l, m, t, isa));
           }
       }
 }
@@ -487,6 +501,11 @@ void register_cpu_default() {
     }
     add(cfg(Kind::kTrainStep, cpu, s, f32, nhwc, def, 2));
   }
+  // the instruction-set variants side by side (/isa_baseline, /isa_avx2 vs the default: the
+  // widest this CPU has), one thread
+  for (const Shape& s : {kRes5, kBox})
+    for (Layout l : {nchw, nhwc})
+      for (CpuIsa isa : kNarrowIsas) add(cfg(Kind::kTrainStep, cpu, s, f32, l, def, 1, isa));
 }
 
 [[maybe_unused]] const bool kRegistered = [] {

@@ -5,9 +5,49 @@
 #include <thread>
 
 #include "internal/common.h"
+#include "internal/cpu_isa.h"
 #include "internal/runtime.h"
 
 namespace detops {
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAuto: return "auto";
+    case CpuIsa::kBaseline: return "baseline";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+namespace {
+CpuIsa detect_cpu_isa() {
+#if DETOPS_X86_ISA_VARIANTS
+  // libgcc / compiler-rt check the OS state too (XCR0: ymm and zmm registers saved)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt"))
+    return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt"))
+    return CpuIsa::kAvx2;
+#endif
+  return CpuIsa::kBaseline;
+}
+}  // namespace
+
+CpuIsa cpu_isa_supported() {
+  static const CpuIsa isa = detect_cpu_isa();  // a property of the machine, read once
+  return isa;
+}
+
+CpuIsa Context::resolved_cpu_isa() const {
+  const CpuIsa best = cpu_isa_supported();
+  const int want = static_cast<int>(cpu_isa);
+  if (cpu_isa == CpuIsa::kAuto || want > static_cast<int>(best)) return best;
+  if (want < static_cast<int>(CpuIsa::kBaseline)) return CpuIsa::kBaseline;  // not an enumerator
+  return cpu_isa;
+}
 
 int Context::resolved_threads() const {
   if (num_threads > 0) return num_threads;

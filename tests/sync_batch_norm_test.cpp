@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -345,6 +347,81 @@ TEST(SyncBn, StridedViewsGiveTheSameBits) {
     EXPECT_TRUE(same_bytes(i1, i2));
     EXPECT_TRUE(same_bytes(y1, y2));
   }
+}
+
+TEST(SyncBn, InstructionSetVariantsGiveTheSameBits) {
+  // Every variant of the CPU loops (src/internal/cpu_isa.h) against the baseline, bit for bit,
+  // over the three walks, every dtype, both modes and both layouts; one case with inf and NaN
+  // (the NaN payloads must agree too). Variants this CPU lacks run as the widest it has (the
+  // request is lowered), so they are reported, not skipped silently.
+  std::vector<CpuIsa> variants;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+    else std::printf("[ note ] this CPU has no %s: that variant is not compared\n", cpu_isa_name(isa));
+  }
+  Problem special = make_problem(2, 37, 9, 29, 8);
+  special.x[5] = std::numeric_limits<double>::infinity();
+  special.x[900] = std::numeric_limits<double>::quiet_NaN();
+  special.dy[7] = -std::numeric_limits<double>::infinity();
+  for (const Problem& p : {make_problem(3, 20, 15, 20, 5), make_problem(2, 530, 17, 17, 6), make_problem(3, 5, 23, 25, 7), special})
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64})
+      for (Layout layout : {Layout::kNCHW, Layout::kNHWC})
+        for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+          SyncBnOptions o;
+          o.mode = mode;
+          const Inputs in(p, dt, layout);
+          Context base;
+          base.num_threads = 2;
+          base.cpu_isa = CpuIsa::kBaseline;
+          ASSERT_EQ(base.resolved_cpu_isa(), CpuIsa::kBaseline);
+          const Result a = run(p, in, 0, p.N, nullptr, o, base);
+          for (CpuIsa isa : variants) {
+            Context ctx = base;
+            ctx.cpu_isa = isa;
+            ASSERT_EQ(ctx.resolved_cpu_isa(), isa);
+            const Result b = run(p, in, 0, p.N, nullptr, o, ctx);
+            const std::string what = std::string(cpu_isa_name(isa)) + " vs baseline, " + std::string(dtype_name(dt)) +
+                                     (layout == Layout::kNHWC ? " NHWC" : " NCHW") +
+                                     (mode == SyncBnMode::kExact ? " exact" : " default") + ", C=" +
+                                     std::to_string(p.C);
+            expect_same(a, b, what, /*outputs=*/false);
+            EXPECT_TRUE(same_bytes(a.y, b.y)) << what << ": y";
+            EXPECT_TRUE(same_bytes(a.dx, b.dx)) << what << ": grad_x";
+            EXPECT_TRUE(same_bytes(a.dw, b.dw)) << what << ": grad_weight";
+            EXPECT_TRUE(same_bytes(a.db, b.db)) << what << ": grad_bias";
+          }
+        }
+}
+
+TEST(CpuIsa, RequestsAreLoweredToWhatTheCpuSupports) {
+  const CpuIsa best = cpu_isa_supported();
+  EXPECT_NE(best, CpuIsa::kAuto);
+  Context ctx;
+  EXPECT_EQ(ctx.cpu_isa, CpuIsa::kAuto);
+  EXPECT_EQ(ctx.resolved_cpu_isa(), best);
+  for (CpuIsa isa : {CpuIsa::kBaseline, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    ctx.cpu_isa = isa;
+    EXPECT_EQ(ctx.resolved_cpu_isa(), static_cast<int>(isa) <= static_cast<int>(best) ? isa : best);
+  }
+  ctx.cpu_isa = static_cast<CpuIsa>(-7);  // not an enumerator: the baseline, never a crash
+  EXPECT_EQ(ctx.resolved_cpu_isa(), CpuIsa::kBaseline);
+  ctx.cpu_isa = static_cast<CpuIsa>(99);
+  EXPECT_EQ(ctx.resolved_cpu_isa(), best);
+  EXPECT_STREQ(cpu_isa_name(CpuIsa::kAuto), "auto");
+  EXPECT_STREQ(cpu_isa_name(CpuIsa::kBaseline), "baseline");
+  EXPECT_STREQ(cpu_isa_name(CpuIsa::kAvx2), "avx2");
+  EXPECT_STREQ(cpu_isa_name(CpuIsa::kAvx512), "avx512");
+  EXPECT_STREQ(cpu_isa_name(static_cast<CpuIsa>(42)), "unknown");
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // what the machine says (the variants exist on x86-64 builds with GCC or clang)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw")) {
+    EXPECT_EQ(best, CpuIsa::kAvx512);
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+    EXPECT_EQ(best, CpuIsa::kAvx2);
+  }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,6 +28,22 @@ struct Workspace {
   std::size_t bytes = 0;
 };
 
+/// Vector instruction sets the CPU kernels are compiled for (x86-64; other CPUs have only
+/// kBaseline). The kernels that have variants (SyncBatchNorm's loops) are compiled once per set
+/// and chosen at run time; every variant gives the same bits (IEEE operations in the same order,
+/// never fused into FMAs; the tests compare them bit for bit), so the choice only changes speed.
+enum class CpuIsa : int {
+  kAuto = 0,      ///< the widest set this CPU and OS support
+  kBaseline = 1,  ///< the build's baseline (x86-64: SSE2)
+  kAvx2 = 2,      ///< AVX2 (+F16C)
+  kAvx512 = 3,    ///< AVX-512 F/VL/DQ/BW
+};
+
+/// "auto", "baseline", "avx2", "avx512".
+const char* cpu_isa_name(CpuIsa isa);
+/// The widest set this CPU supports (and the build has variants for): never kAuto.
+CpuIsa cpu_isa_supported();
+
 struct Context {
   /// CPU worker threads; 0 = std::thread::hardware_concurrency().
   int num_threads = 0;
@@ -39,9 +55,15 @@ struct Context {
   /// Synchronize after each kernel launch and check for errors, so an asynchronous fault is
   /// reported by the op that caused it (debugging aid; slow).
   bool debug_sync = false;
+  /// Widest vector instruction set the CPU kernels may use: a request wider than the CPU
+  /// supports is lowered to what it supports (never an illegal instruction). For benchmarks and
+  /// tests; the results do not depend on it.
+  CpuIsa cpu_isa = CpuIsa::kAuto;
 
   /// Thread count this context resolves to (>= 1).
   int resolved_threads() const;
+  /// The instruction set the CPU kernels will use: min(cpu_isa, cpu_isa_supported()).
+  CpuIsa resolved_cpu_isa() const;
 };
 
 /// Whether this build contains the CUDA backend, and how many devices are visible (0 if none).

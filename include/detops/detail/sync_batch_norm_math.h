@@ -75,7 +75,7 @@ DETOPS_HOST_DEVICE inline SbnSums sbn_merge(const SbnSums& a, const SbnSums& b) 
 
 /// The butterfly of a warp's xor-shuffle reduction, on 32 lane values (v is overwritten):
 /// level off = 16, 8, 4, 2, 1 adds lane t + off into lane t. Returns the total.
-DETOPS_HOST_DEVICE inline double sbn_lane_tree(double* v) {
+DETOPS_HOST_DEVICE DETOPS_FORCEINLINE double sbn_lane_tree(double* v) {
   for (int off = kSbnLanes / 2; off >= 1; off /= 2)
     for (int t = 0; t < off; ++t) v[t] = v[t] + v[t + off];
   return v[0];
@@ -100,7 +100,7 @@ DETOPS_HOST_DEVICE inline T sbn_tree_reduce(T* r, std::int64_t k, const T& empty
 /// Lane t accumulates the values t, t + 32, ... in order (written blocked, so that the CPU
 /// vectorizes it; the order of each lane is the same).
 template <class Load>
-DETOPS_HOST_DEVICE inline SbnMoments sbn_chunk_moments(const Load& load, std::int64_t len) {
+DETOPS_HOST_DEVICE DETOPS_FORCEINLINE SbnMoments sbn_chunk_moments(const Load& load, std::int64_t len) {
   double lanes[kSbnLanes];
   for (int t = 0; t < kSbnLanes; ++t) lanes[t] = 0.0;
   std::int64_t k = 0;
@@ -123,7 +123,7 @@ DETOPS_HOST_DEVICE inline SbnMoments sbn_chunk_moments(const Load& load, std::in
 
 /// Backward default mode: sums of dy and dy * (x - mean) over one chunk, same lane structure.
 template <class LoadDy, class LoadX>
-DETOPS_HOST_DEVICE inline SbnSums sbn_chunk_sums(const LoadDy& dy, const LoadX& x, double mean, std::int64_t len) {
+DETOPS_HOST_DEVICE DETOPS_FORCEINLINE SbnSums sbn_chunk_sums(const LoadDy& dy, const LoadX& x, double mean, std::int64_t len) {
   double a[kSbnLanes], b[kSbnLanes];
   for (int t = 0; t < kSbnLanes; ++t) a[t] = 0.0, b[t] = 0.0;
   std::int64_t k = 0;

@@ -1,0 +1,59 @@
+// CPU instruction-set variants of a kernel file, chosen at run time (Context::cpu_isa).
+//
+// A kernel file (an .inc of templates and functions, no #includes) is included once per variant,
+// each time inside its own namespace, the wider variants between DETOPS_ISA_BEGIN_* and
+// DETOPS_ISA_END. Those pragmas give every function *declared* in the region the target's
+// instruction set (lambdas included), so:
+//   * the variant's own code (internal linkage: keep it in an unnamed namespace) is vectorized
+//     for the set;
+//   * functions and templates declared before the region (the standard library, detail::
+//     math, common.h) keep the build's baseline set, wherever they are instantiated: a COMDAT
+//     copy the linker may pick for another translation unit never holds AVX instructions (the
+//     trap of compiling a whole file twice with -mavx2). tests/isa_odr_check.cmake checks it on
+//     the object file: no symbol outside the variants' namespaces may use ymm/zmm registers.
+//   * baseline helpers called from a variant are inlined into it (a subset target inlines into a
+//     wider one), so the shared math of detops/detail/ is vectorized there too.
+// The sets exclude FMA and the build has -ffp-contract=off: a variant evaluates the same IEEE
+// operations in the same order as the baseline, so it gives the same bits (only the vector width
+// changes); tests/cpu_isa_test.cpp compares every variant with the baseline bit for bit.
+#pragma once
+
+#include "detops/context.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DETOPS_NO_ISA_VARIANTS)
+#define DETOPS_X86_ISA_VARIANTS 1
+#else
+#define DETOPS_X86_ISA_VARIANTS 0
+#endif
+
+#define DETOPS_ISA_PRAGMA(x) _Pragma(#x)
+
+#if DETOPS_X86_ISA_VARIANTS && defined(__clang__)
+#define DETOPS_ISA_BEGIN(targets) \
+  DETOPS_ISA_PRAGMA(clang attribute push(__attribute__((target(targets))), apply_to = function))
+#define DETOPS_ISA_END DETOPS_ISA_PRAGMA(clang attribute pop)
+#elif DETOPS_X86_ISA_VARIANTS
+#define DETOPS_ISA_BEGIN(targets) DETOPS_ISA_PRAGMA(GCC push_options) DETOPS_ISA_PRAGMA(GCC target(targets))
+#define DETOPS_ISA_END DETOPS_ISA_PRAGMA(GCC pop_options)
+#endif
+
+// The instruction sets of the variants (no "fma": see above).
+#define DETOPS_ISA_AVX2_TARGETS "avx2,f16c,popcnt"
+#define DETOPS_ISA_AVX512_TARGETS "avx512f,avx512vl,avx512dq,avx512bw,avx2,f16c,popcnt"
+
+namespace detops {
+namespace internal {
+
+/// A table of a kernel file's entry points per variant: kernels_for(ctx, baseline, avx2, avx512)
+/// returns the one Context::resolved_cpu_isa() selects.
+template <class Table>
+const Table& kernels_for(const Context& ctx, const Table& baseline, const Table& avx2, const Table& avx512) {
+  switch (ctx.resolved_cpu_isa()) {
+    case CpuIsa::kAvx512: return avx512;
+    case CpuIsa::kAvx2: return avx2;
+    default: return baseline;
+  }
+}
+
+}  // namespace internal
+}  // namespace detops
