@@ -60,8 +60,13 @@ TARGET = "SyncBatchNorm on one rank no slower than torch.nn.BatchNorm2d training
 
 
 def bench_name(device, shape, layout, mode, threads):
+    """mode: default | exact, or default:baseline / default:avx2 for the CPU loops' narrower
+    instruction sets (the bench's /isa_<name> suffix; plain modes use the widest the CPU has)."""
+    mode, _, isa = mode.partition(":")
     n = f"BM_SyncBnTrainStep/{device}/{shape}/f32/{layout}/{mode}"
-    return n + (f"/t{threads}" if device == "cpu" else "")
+    if device == "cpu":
+        n += f"/t{threads}" + (f"/isa_{isa}" if isa else "")
+    return n
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,14 +146,14 @@ def render_table(doc):
     lines.append(f"torch {v.get('torch')} ({v.get('torch_parallel')}) | detops {v.get('detops')} | host {m['host']} "
                  f"({m.get('cpu_model')}, {m['logical_cpus']} cpus) | load avg start {doc['load_average']['start']} "
                  f"end {doc['load_average']['end']}")
-    hdr = (f"{'device':<6} {'shape':<5} {'layout':<6} {'thr':>3} {'mode':<8} {'torch ms':>14} {'detops ms':>14} "
+    hdr = (f"{'device':<6} {'shape':<5} {'layout':<6} {'thr':>3} {'mode':<16} {'torch ms':>14} {'detops ms':>14} "
            f"{'ratio':>7} {'paired':>7}")
     lines += ["", hdr, "-" * len(hdr)]
     for r in doc["results"]:
         thr = str(r["threads"]) if r["threads"] else "-"
         det = cell(r["detops_ms"]) if r["detops_ms"] else f"({(r['detops_error'] or 'no samples')[:40]})"
         tor = cell(r["torch_ms"]) if r["torch_ms"] else "(n/a)"
-        lines.append(f"{r['device']:<6} {r['shape']:<5} {r['layout']:<6} {thr:>3} {r['mode']:<8} {tor:>14} {det:>14} "
+        lines.append(f"{r['device']:<6} {r['shape']:<5} {r['layout']:<6} {thr:>3} {r['mode']:<16} {tor:>14} {det:>14} "
                      f"{fmt_ratio(r['ratio']):>7} {fmt_ratio(r['ratio_paired']):>7}")
     errs = sorted({r["torch_error"] for r in doc["results"] if r.get("torch_error")})
     for e in errs:
@@ -178,7 +183,9 @@ def main():
     ap.add_argument("--shapes", default="res5,res2", help="of res2,res5,box (default res5,res2)")
     ap.add_argument("--layouts", default="nchw,nhwc")
     ap.add_argument("--threads", default="1,2", help="CPU thread counts (torch.set_num_threads = detops /t<n>)")
-    ap.add_argument("--modes", default="default", help="detops modes: default,exact (default: default)")
+    ap.add_argument("--modes", default="default",
+                    help="detops modes: default,exact; default:baseline and default:avx2 time the CPU loops "
+                         "at a narrower instruction set (default: default)")
     add_timing_args(ap, "torch")
     args = ap.parse_args()
 

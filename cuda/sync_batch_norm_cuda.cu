@@ -470,8 +470,8 @@ __global__ void finalize_kernel(detail::SbnFinalizeArgs a) { DETOPS_GRID_STRIDE(
 
 /// num_batches_tracked + 1 (saturating) once, after finalize_kernel (same stream) has read it in every channel.
 __global__ void bump_batches_kernel(const std::int64_t* __restrict__ gathered, std::int64_t ranks, std::int64_t words,
-                                    std::int64_t* num_batches_tracked) {
-  if (blockIdx.x == 0 && threadIdx.x == 0 && detail::sbn_global_count(gathered, ranks, words) >= 2)
+                                    bool exact, std::int64_t* num_batches_tracked) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && detail::sbn_forward_count(gathered, ranks, words, exact) >= 2)
     num_batches_tracked[0] = detail::sbn_next_count(num_batches_tracked[0]);
 }
 
@@ -780,7 +780,8 @@ void sbn_finalize_cuda(const detail::SbnFinalizeArgs& args, Device device, const
     check_launch("finalize_kernel", op, ctx);
   }
   if (args.num_batches_tracked && args.running_mean.data) {
-    bump_batches_kernel<<<1, 1, 0, stream>>>(args.gathered, args.ranks, args.words, args.num_batches_tracked);
+    bump_batches_kernel<<<1, 1, 0, stream>>>(args.gathered, args.ranks, args.words, args.exact,
+                                             args.num_batches_tracked);
     check_launch("bump_batches_kernel", op, ctx);
   }
 }

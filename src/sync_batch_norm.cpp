@@ -218,15 +218,16 @@ void gather_words(Communicator& comm, const std::int64_t* local, std::int64_t wo
 }
 
 // ---------------------------------------------------------------------------------------------
-// The rank-agreement header: 5 int64 words, exchanged in host memory.
+// The rank-agreement header: 6 int64 words, exchanged in host memory.
 
-constexpr std::int64_t kMagic = 0x44544f5053424e01;  // "DTOPSBN" + version 1
+constexpr std::int64_t kMagic = 0x44544f5053424e02;  // "DTOPSBN" + version 2 (version 1: no count)
 enum : std::int64_t { kOpForward = 1, kOpBackward = 2 };
 
 struct Header {
   std::int64_t magic, channels, flags, sequence, failed;
+  std::int64_t count;  // this rank's N * H * W (the exact forward checks the total)
 };
-static_assert(sizeof(Header) == 40, "");
+static_assert(sizeof(Header) == 48, "");
 
 std::int64_t make_flags(std::int64_t op, const TensorView& x, const SyncBnOptions& o, bool a, bool b, bool c) {
   return op | (static_cast<std::int64_t>(x.dtype) << 4) | (static_cast<std::int64_t>(o.mode) << 12) |
@@ -287,6 +288,15 @@ void agree(const char* op, Communicator* comm, const SyncBnOptions& o, Header mi
     if (h.channels != h0.channels)
       fail(ErrorCode::kCommunication, "{}: the ranks disagree on the channel count: rank 0 has {}, rank {} has {}", op,
            h0.channels, r, h.channels);
+  }
+  // the exact forward's sum of squares takes fewer than 2^39 elements per channel in total (each
+  // rank checked its own count): every rank sees the same headers and raises the same error
+  if ((h0.flags & 15) == kOpForward && ((h0.flags >> 12) & 15) == static_cast<std::int64_t>(SyncBnMode::kExact)) {
+    std::int64_t total = 0;
+    for (const Header& h : all) total = h.count > detail::kSbnExactMaxCount - total ? detail::kSbnExactMaxCount + 1 : total + h.count;
+    if (total > detail::kSbnExactMaxCount)
+      fail(kBad, "{}: the {} ranks hold at least 2^39 elements per channel together; the exact mode supports fewer "
+           "(use the default mode)", op, n);
   }
 }
 
@@ -592,6 +602,7 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
     check_options(op, opts);
     check_input(op, "x", x);
     mine.channels = x.sizes[1];
+    mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
     mine.flags = make_flags(kOpForward, x, opts, params.weight.defined(), params.running_mean.defined(), false);
     check_like(op, "y", y, "x", x);
     internal::check_non_overlapping(op, "y", y);
@@ -674,6 +685,7 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
     check_options(op, opts);
     check_input(op, "x", x);
     mine.channels = x.sizes[1];
+    mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
     mine.flags = make_flags(kOpBackward, x, opts, grad_x.defined(), grad_weight.defined(), grad_bias.defined());
     check_like(op, "grad_y", grad_y, "x", x);
     if (weight.defined()) check_vec(op, "weight", weight, x.sizes[1], VecKind::kParam, "x", x);

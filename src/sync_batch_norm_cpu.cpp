@@ -102,7 +102,7 @@ void sbn_local_backward_cpu(const TensorView& dy, const TensorView& x, const dou
 void sbn_finalize_cpu(const detail::SbnFinalizeArgs& args) {
   for (std::int64_t c = 0; c < args.channels; ++c) detail::sbn_finalize_channel(args, c);
   if (args.num_batches_tracked && args.running_mean.data &&
-      detail::sbn_global_count(args.gathered, args.ranks, args.words) >= 2)
+      detail::sbn_forward_count(args.gathered, args.ranks, args.words, args.exact) >= 2)
     args.num_batches_tracked[0] = detail::sbn_next_count(args.num_batches_tracked[0]);
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -780,6 +781,82 @@ TEST(SyncBnPhases, GarbageCountsGiveNaNStatisticsAndUpdateNothing) {
       const Tensor dx = Tensor::zeros({1, C, 1, 1}, DType::kFloat32);
       sync_batch_norm_backward_apply(dy, x, {}, Tensor::zeros({C}, DType::kFloat64), invstd1, sums, dx);
       for (double v : to_vector(dx)) EXPECT_TRUE(std::isnan(v));
+    }
+  }
+}
+
+TEST(SyncBnPhases, ExactTotalCountOfTwoToThe39GivesNaNStatistics) {
+  // Two ranks of 2^38 elements each: valid records (zero sums) whose total reaches the exact
+  // mode's limit; the default mode takes the same counts.
+  const std::int64_t C = 2, half = std::int64_t{1} << 38;
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    for (std::int64_t second : {half - 1, half}) {
+      const std::int64_t words = sync_batch_norm_record_words(C, mode);
+      Tensor gathered = Tensor::zeros({2, words}, DType::kInt64);
+      gathered.data<std::int64_t>()[0] = half;
+      gathered.data<std::int64_t>()[words] = second;
+      SyncBnOptions o;
+      o.mode = mode;
+      const Tensor scales = make_tensor({C}, DType::kInt64, {3.0, 3.0});
+      const Tensor rm = make_tensor({C}, DType::kFloat32, {1.0, 2.0}), rv = make_tensor({C}, DType::kFloat32, {3.0, 4.0});
+      const Tensor nbt = Tensor::zeros({1}, DType::kInt64);
+      const Tensor mean = Tensor::zeros({C}, DType::kFloat64), invstd = Tensor::zeros({C}, DType::kFloat64);
+      sync_batch_norm_finalize_stats(gathered, SyncBnParams{{}, {}, rm, rv, nbt}, mean, invstd, o,
+                                     mode == SyncBnMode::kExact ? scales.view() : TensorView{});
+      const bool over = mode == SyncBnMode::kExact && second == half;
+      for (double v : to_vector(mean)) EXPECT_EQ(std::isnan(v), over) << second;
+      EXPECT_EQ(nbt.data<std::int64_t>()[0], over ? 0 : 1);
+      if (over) {
+        EXPECT_EQ(to_vector(rm), (std::vector<double>{1.0, 2.0}));
+        EXPECT_EQ(to_vector(rv), (std::vector<double>{3.0, 4.0}));
+      }
+    }
+  }
+}
+
+/// Rank 0 of a 2-rank group whose other rank is simulated: every all-gather returns this rank's
+/// bytes twice, word `word` of the second copy of the first gather (the header) replaced.
+class FakePeer final : public Communicator {
+ public:
+  FakePeer(std::size_t word, std::int64_t value) : word_(word), value_(value) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void all_gather(const void* send, void* recv, std::size_t bytes, Device, void*) override {
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+    if (calls_++ == 0 && (word_ + 1) * 8 <= bytes)
+      std::memcpy(static_cast<char*>(recv) + bytes + 8 * word_, &value_, 8);
+  }
+  bool accepts_device_memory() const override { return false; }
+  const char* name() const override { return "fake peer"; }
+
+ private:
+  std::size_t word_;
+  std::int64_t value_;
+  int calls_ = 0;
+};
+
+TEST(SyncBnRanks, ExactForwardChecksTheTotalCountInTheHeader) {
+  // the header's word 5 is the rank's count N*H*W (src/sync_batch_norm.cpp, Header): the
+  // simulated rank claims 2^39 - 8 elements, this rank holds 8
+  const Problem p = make_problem(2, 3, 2, 2, 31);
+  const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    FakePeer peer(5, (std::int64_t{1} << 39) - 8);
+    if (mode == SyncBnMode::kExact) {
+      try {
+        run(p, in, 0, p.N, &peer, o);
+        ADD_FAILURE() << "expected an error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("2^39"), std::string::npos) << e.what();
+      }
+      FakePeer below(5, (std::int64_t{1} << 39) - 9);  // one element fewer in total: accepted
+      EXPECT_NO_THROW(run(p, in, 0, p.N, &below, o));
+    } else {
+      EXPECT_NO_THROW(run(p, in, 0, p.N, &peer, o));  // the default mode has no such limit
     }
   }
 }

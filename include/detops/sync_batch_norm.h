@@ -34,8 +34,10 @@
 //             batch, so a multi-rank run can be replayed on one process bit for bit. The values
 //             are rounded to the grid 2^(E - 44), 2^E the power of two above the channel's
 //             largest |x|, before summing (|error| of each value, and of the mean,
-//             <= 2^-44 max|x|). Fewer than 2^39 elements per channel on each rank (checked)
-//             and in all (the caller's responsibility: sums past that wrap).
+//             <= 2^-44 max|x|). Fewer than 2^39 elements per channel in all: each rank
+//             checks its own count, the rank-agreement header the total (every rank raises
+//             kInvalidArgument); without the header (check_ranks off, hand-driven phases) a total
+//             past the limit gives NaN statistics and updates nothing.
 // Every dtype (float32, float64, float16, bfloat16) computes in float64 and rounds once to the
 // stored type. Shapes: x, y, grad_* are [N, C, H, W], NCHW, NHWC or any strides.
 // Errors are detops::Error, raised before anything is written, on every rank when
@@ -60,8 +62,9 @@ struct SyncBnOptions {
   SyncBnMode mode = SyncBnMode::kDefault;
   /// Training (global batch statistics) or evaluation (running statistics, no communication).
   bool training = true;
-  /// In training, before the statistics, exchange a 40-byte header (channels, dtype, mode,
-  /// flags, call sequence number, whether this rank's arguments are valid) and raise on every
+  /// In training, before the statistics, exchange a 48-byte header (channels, dtype, mode,
+  /// flags, call sequence number, whether this rank's arguments are valid, this rank's element
+  /// count per channel: the exact forward checks the total) and raise on every
   /// rank when the ranks disagree or one of them failed its checks, instead of hanging or mixing
   /// layers. Costs one small all-gather of host memory; over NCCL the host then waits for the
   /// communicator's earlier collectives (a CPU/GPU pipeline stall per layer). Turn off for speed

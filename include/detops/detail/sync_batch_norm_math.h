@@ -378,6 +378,17 @@ DETOPS_HOST_DEVICE inline std::int64_t sbn_global_count(const std::int64_t* gath
   return n;
 }
 
+/// The forward's global count: sbn_global_count, and -1 (like garbage) in exact mode when it
+/// reaches 2^39 (the ranks together hold more elements per channel than the 128-bit sum of
+/// squares can take; each rank checks its own count, and the one-call API checks the total in the
+/// rank-agreement header before anything runs: this is the defined result when the header check is
+/// skipped or the phases are driven by hand). NaN statistics, nothing updated.
+DETOPS_HOST_DEVICE inline std::int64_t sbn_forward_count(const std::int64_t* gathered, std::int64_t ranks,
+                                                         std::int64_t words, bool exact) {
+  const std::int64_t n = sbn_global_count(gathered, ranks, words);
+  return exact && n > kSbnExactMaxCount ? -1 : n;
+}
+
 /// Wrapping 128-bit sum (defined for any words; exact for the sums local_stats writes, which
 /// cannot overflow).
 DETOPS_HOST_DEVICE inline sbn_i128 sbn_add_i128(sbn_i128 a, sbn_i128 b) {
@@ -387,9 +398,9 @@ DETOPS_HOST_DEVICE inline sbn_i128 sbn_add_i128(sbn_i128 a, sbn_i128 b) {
 /// Global mean and biased variance of channel c. Default mode: the ranks' moments merged in
 /// rank order (the fixed tree over ranks, done with a stack of at most 64 partial results).
 DETOPS_HOST_DEVICE inline SbnMoments sbn_global_moments(const SbnFinalizeArgs& a, std::int64_t c) {
-  // garbage counts (negative, or overflowing): NaN statistics; otherwise no partial count of
-  // the merges below can overflow
-  const std::int64_t n = sbn_global_count(a.gathered, a.ranks, a.words);
+  // garbage counts (negative, or overflowing; exact mode: 2^39 or more): NaN statistics;
+  // otherwise no partial count of the merges below can overflow
+  const std::int64_t n = sbn_forward_count(a.gathered, a.ranks, a.words, a.exact);
   if (n < 0) {
     const double nan = ::nan("");
     return {-1, nan, nan};
