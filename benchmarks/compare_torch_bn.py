@@ -143,7 +143,8 @@ def render_table(doc):
              "ratio = torch / detops of the medians (> 1: detops faster); paired = median over rounds of each "
              "round's ratio; +-: half the min-max range over rounds, relative to the median"]
     v, m = doc["versions"], doc["machine"]
-    lines.append(f"torch {v.get('torch')} ({v.get('torch_parallel')}) | detops {v.get('detops')} | host {m['host']} "
+    isa = f" (CPU {v['detops_cpu_isa']})" if v.get("detops_cpu_isa") else ""
+    lines.append(f"torch {v.get('torch')} ({v.get('torch_parallel')}) | detops {v.get('detops')}{isa} | host {m['host']} "
                  f"({m.get('cpu_model')}, {m['logical_cpus']} cpus) | load avg start {doc['load_average']['start']} "
                  f"end {doc['load_average']['end']}")
     hdr = (f"{'device':<6} {'shape':<5} {'layout':<6} {'thr':>3} {'mode':<16} {'torch ms':>14} {'detops ms':>14} "
@@ -294,6 +295,7 @@ def main():
 
     ctx = bench.context
     versions.update(git=git_describe(), detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
+                    detops_cpu_isa=ctx.get("detops_cpu_isa"),
                     google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version(),
                     bench_built=file_time(bench_path))
     json_path, table_path = output_paths(args.out, args.table, "compare-bn")

@@ -5,7 +5,8 @@
 
 COMPARE_BN_JSON is benchmarks/compare_torch_bn.py's output (default: the newest
 benchmarks/results/compare-bn-*.json). One bar group per (device, shape, layout, threads):
-torch's training forward+backward, detops' default mode and (when measured) exact mode, median
+torch's training forward+backward, detops' default mode and (when measured) its baseline-ISA run
+(default:baseline) and exact mode, median
 ms on a log scale, with the ratio torch / detops over each detops bar (> 1: detops faster).
 Written to docs/sync_bn_vs_torch.png by default.
 """
@@ -63,8 +64,10 @@ def main():
     keys = sorted(groups, key=lambda k: (k[0], ["box", "res5", "res2"].index(k[1]) if k[1] in ("box", "res5", "res2")
                                          else 9, k[2], k[3]))
     series = [("torch", "torch BatchNorm2d", "#999999"), ("default", "detops default", "#1f77b4"),
+              ("default:baseline", "detops default, baseline ISA (SSE2)", "#2ca02c"),
               ("exact", "detops exact", "#ff7f0e")]
-    width = 0.27
+    series = [sr for sr in series if any(sr[0] in g for g in groups.values())]
+    width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(keys)), 4.8))
     for si, (name, label, color) in enumerate(series):
         xs, ys, ratios = [], [], []
@@ -73,7 +76,7 @@ def main():
             if v is None:
                 continue
             ms, ratio = (v, None) if name == "torch" else v
-            xs.append(i + (si - 1) * width)
+            xs.append(i + (si - (len(series) - 1) / 2) * width)
             ys.append(ms)
             ratios.append(ratio)
         bars = ax.bar(xs, ys, width, label=label, color=color)
@@ -89,7 +92,9 @@ def main():
     host = f"{machine.get('cpu_model', '')}, {machine.get('logical_cpus', '?')} CPUs ({machine.get('host', '')})"
     ax.set_title(f"SyncBatchNorm (one rank) vs torch.nn.BatchNorm2d, float32 — ratio = torch / detops\n{host}",
                  fontsize=9)
-    ax.legend(fontsize=8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * 4)  # room for the legend above the bars' labels
+    ax.legend(fontsize=8, ncol=len(series), loc="upper center")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     fig.savefig(a.out, dpi=110)

@@ -450,11 +450,14 @@ int main(int argc, char** argv) {
   const std::string workload = fmt::format(
       "input [{}, {}, {}, {}] (P2 of {}x{} images), {} rois ({}/image, {}..{} px), spatial_scale {}, aligned",
       kN, kC, kH, kW, kImageH, kImageW, kK, kRoisPerImage, kMinBox, kMaxBox, kSpatialScale);
-  fmt::print("detops {} RoIAlign benchmarks | CUDA: {} | CPU hardware threads: {} | {}{}\n", version_string(),
-             cuda_state, std::thread::hardware_concurrency(), workload, full ? " | --detops_full" : "");
+  fmt::print("detops {} RoIAlign benchmarks | CUDA: {} | CPU hardware threads: {} | CPU vector instructions: {} | {}{}\n",
+             version_string(), cuda_state, std::thread::hardware_concurrency(), cpu_isa_name(cpu_isa_supported()),
+             workload, full ? " | --detops_full" : "");
   std::fflush(stdout);
   benchmark::AddCustomContext("detops_version", version_string());
   benchmark::AddCustomContext("detops_cuda", cuda_state);
+  // the CPU kernels' instruction set when a benchmark does not name one (/isa_<name>)
+  benchmark::AddCustomContext("detops_cpu_isa", cpu_isa_name(cpu_isa_supported()));
   benchmark::AddCustomContext("detops_workload", workload);
 
   benchmark::RunSpecifiedBenchmarks();

@@ -282,7 +282,8 @@ void write_json(const std::string& path, const Workload& w, bool quick, const Re
       "\"pooled\": [{}, {}], \"sampling_ratio\": {}, \"aligned\": {}, \"spatial_scale\": {}, \"quick\": {}}},\n",
       w.N, w.C, w.H, w.W, w.K, w.options.pooled_height, w.options.pooled_width, w.options.sampling_ratio,
       w.options.aligned ? "true" : "false", w.options.spatial_scale, quick ? "true" : "false");
-  s += fmt::format("  \"cpu_threads\": {},\n  \"cuda\": \"{}\",\n", threads, cuda);
+  s += fmt::format("  \"cpu_threads\": {},\n  \"cpu_isa\": \"{}\",\n  \"cuda\": \"{}\",\n", threads,
+                   cpu_isa_name(cpu_isa_supported()), cuda);
   s += fmt::format("  \"reference_max_abs\": {{\"output\": {}, \"grad_input\": {}}},\n",
                    json_number(max_abs(ref.output)), json_number(max_abs(ref.grad_input)));
   s += "  \"results\": [\n";
@@ -485,7 +486,8 @@ int main(int argc, char** argv) {
                "spatial_scale {}\n",
                w.N, w.C, w.H, w.W, w.K, w.options.pooled_height, w.options.pooled_width, w.options.sampling_ratio,
                w.options.spatial_scale);
-    fmt::print("CPU threads: {}; CUDA: {}\n", ctx.resolved_threads(), cuda);
+    fmt::print("CPU threads: {}; CPU vector instructions: {}; CUDA: {}\n", ctx.resolved_threads(),
+               cpu_isa_name(ctx.resolved_cpu_isa()), cuda);
     std::fflush(stdout);
 
     const Reference ref = make_reference(w);
