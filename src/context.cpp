@@ -26,11 +26,9 @@ CpuIsa detect_cpu_isa() {
   // libgcc / compiler-rt check the OS state too (XCR0: ymm and zmm registers saved)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt"))
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2"))
     return CpuIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("popcnt"))
-    return CpuIsa::kAvx2;
+  if (__builtin_cpu_supports("avx2")) return CpuIsa::kAvx2;
 #endif
   return CpuIsa::kBaseline;
 }

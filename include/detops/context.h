@@ -35,7 +35,7 @@ struct Workspace {
 enum class CpuIsa : int {
   kAuto = 0,      ///< the widest set this CPU and OS support
   kBaseline = 1,  ///< the build's baseline (x86-64: SSE2)
-  kAvx2 = 2,      ///< AVX2 (+F16C)
+  kAvx2 = 2,      ///< AVX2
   kAvx512 = 3,    ///< AVX-512 F/VL/DQ/BW
 };
 

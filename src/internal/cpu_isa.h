@@ -38,8 +38,8 @@
 #endif
 
 // The instruction sets of the variants (no "fma": see above).
-#define DETOPS_ISA_AVX2_TARGETS "avx2,f16c,popcnt"
-#define DETOPS_ISA_AVX512_TARGETS "avx512f,avx512vl,avx512dq,avx512bw,avx2,f16c,popcnt"
+#define DETOPS_ISA_AVX2_TARGETS "avx2"
+#define DETOPS_ISA_AVX512_TARGETS "avx512f,avx512vl,avx512dq,avx512bw,avx2"
 
 namespace detops {
 namespace internal {

@@ -191,18 +191,28 @@ DETOPS_HOST_DEVICE inline SbnQuantScale sbn_quant_scale(std::int64_t e) {
 
 /// Rounds v to the grid 2^(E - kSbnFixedBits), nearest with ties to even, as an integer: the
 /// scaling is exact (or, scaling down, the one correctly rounded product ldexp would give) and
-/// the rounding is (t + 1.5 * 2^52) - 1.5 * 2^52, exact RNE for |t| <= 2^51. |v| < 2^E, so
-/// |q| <= 2^kSbnFixedBits. Needs IEEE evaluation (no fast-math), as the whole library does.
+/// the rounding is t + 1.5 * 2^52, exact RNE for |t| <= 2^51, whose bit pattern minus that of
+/// 1.5 * 2^52 is the integer (the doubles in [2^52, 2^53] are the integers, consecutive patterns).
+/// |v| < 2^E, so |q| <= 2^kSbnFixedBits. Written without branches (selects, an integer
+/// subtraction), so that the CPU loops vectorize it. Needs IEEE evaluation (no fast-math), as the
+/// whole library does.
 DETOPS_HOST_DEVICE inline std::int64_t sbn_quantize(double v, const SbnQuantScale& s) {
-  if (s.f1 == 0.0) return 0;  // a special exponent: every value counts as 0
   double t = (v * s.f1) * s.f2;
   // |t| <= 2^44 when the exponent covers v; clamp (defined garbage, never UB) when a caller of
   // the phases passes exponents of other data
-  if (!(t >= -2251799813685248.0)) t = -2251799813685248.0;  // also NaN
-  if (t > 2251799813685248.0) t = 2251799813685248.0;
-  constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
-  const double r = (t + kMagic) - kMagic;
-  return static_cast<std::int64_t>(r);
+  t = t >= -2251799813685248.0 ? t : -2251799813685248.0;  // also NaN
+  t = t > 2251799813685248.0 ? 2251799813685248.0 : t;
+  constexpr double kMagic = 6755399441055744.0;            // 1.5 * 2^52
+  constexpr std::int64_t kMagicBits = 0x4338000000000000;  // its bit pattern
+  const double r = t + kMagic;
+#if DETOPS_ON_DEVICE
+  const std::int64_t q = __double_as_longlong(r) - kMagicBits;
+#else
+  std::int64_t bits;
+  std::memcpy(&bits, &r, 8);
+  const std::int64_t q = bits - kMagicBits;
+#endif
+  return s.f1 == 0.0 ? 0 : q;  // a special exponent: every value counts as 0
 }
 DETOPS_HOST_DEVICE inline std::int64_t sbn_quantize(double v, std::int64_t e) {
   return sbn_quantize(v, sbn_quant_scale(e));
