@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "internal/common.h"
@@ -39,25 +40,28 @@ struct RoiTable {
   std::vector<Sample<A>> samples;
 };
 
+/// Number of samples in a roi's table (0 for an invalid row).
 template <class A>
-void build_roi_table(const detail::RoiSource& rois, std::int64_t k, const detail::RoiAlignShape& s, std::int64_t sh,
-                     std::int64_t sw, RoiTable<A>& t) {
-  t.box = detail::load_roi_box<A>(rois, k, s);
-  t.samples.clear();
-  if (t.box.batch < 0) return;
-  t.per_bin = t.box.grid_h * t.box.grid_w;
-  t.samples.resize(static_cast<std::size_t>(t.per_bin * s.PH * s.PW));
+std::int64_t table_size(const RoiBox<A>& box, const detail::RoiAlignShape& s) {
+  return box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
+}
+
+/// Writes the table_size(box, s) samples of one roi, bin by bin, to `out`.
+template <class A>
+void fill_roi_samples(const RoiBox<A>& box, const detail::RoiAlignShape& s, std::int64_t sh, std::int64_t sw,
+                      Sample<A>* out) {
+  if (box.batch < 0) return;
   std::size_t i = 0;
   for (std::int64_t ph = 0; ph < s.PH; ++ph)
     for (std::int64_t pw = 0; pw < s.PW; ++pw)
-      for (std::int64_t iy = 0; iy < t.box.grid_h; ++iy) {
-        const A y = detail::sample_coord(t.box.start_h, t.box.bin_h, ph, iy, t.box.grid_h);
-        for (std::int64_t ix = 0; ix < t.box.grid_w; ++ix, ++i) {
-          const A x = detail::sample_coord(t.box.start_w, t.box.bin_w, pw, ix, t.box.grid_w);
+      for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
+        const A y = detail::sample_coord(box.start_h, box.bin_h, ph, iy, box.grid_h);
+        for (std::int64_t ix = 0; ix < box.grid_w; ++ix, ++i) {
+          const A x = detail::sample_coord(box.start_w, box.bin_w, pw, ix, box.grid_w);
           const Bilinear<A> b = detail::bilinear(y, x, s.H, s.W);
-          Sample<A>& q = t.samples[i];
+          Sample<A>& q = out[i];
           q.valid = b.valid;
-          q.index = static_cast<std::int32_t>(iy * t.box.grid_w + ix);
+          q.index = static_cast<std::int32_t>(iy * box.grid_w + ix);
           if (!b.valid) continue;
           q.o1 = b.y_low * sh + b.x_low * sw;
           q.o2 = b.y_low * sh + b.x_high * sw;
@@ -71,134 +75,341 @@ void build_roi_table(const detail::RoiSource& rois, std::int64_t k, const detail
       }
 }
 
+template <class A>
+void build_roi_table(const detail::RoiSource& rois, std::int64_t k, const detail::RoiAlignShape& s, std::int64_t sh,
+                     std::int64_t sw, RoiTable<A>& t) {
+  t.box = detail::load_roi_box<A>(rois, k, s);
+  t.per_bin = t.box.grid_h * t.box.grid_w;
+  t.samples.resize(static_cast<std::size_t>(table_size(t.box, s)));
+  fill_roi_samples(t.box, s, sh, sw, t.samples.data());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+/// Output location of one roi: where its pooled values (and argmax) go.
 template <class T>
-void forward_typed(const RoiAlignCall& call, const Context& ctx) {
+struct PooledRoi {
+  T* out;
+  std::int32_t* argmax;  // nullptr for avg pooling
+};
+
+/// The views of one forward call, as the loops use them.
+template <class T>
+struct ForwardViews {
+  const detail::RoiAlignShape& s;
+  detail::Strides4 in, os, as;  // input, output, argmax strides
+  const T* input;
+  detail::RoiSource rois;
+  T* output;
+  std::int32_t* argmax;  // nullptr for avg pooling
+
+  explicit ForwardViews(const RoiAlignCall& call)
+      : s(call.shape),
+        in(strides4(call.features)),
+        os(strides4(call.pooled)),
+        as(call.max_pool ? strides4(call.argmax) : detail::Strides4{0, 0, 0, 0}),
+        input(static_cast<const T*>(call.features.data)),
+        rois(roi_source(call.rois)),
+        output(static_cast<T*>(call.pooled.data)),
+        argmax(call.max_pool ? static_cast<std::int32_t*>(call.argmax.data) : nullptr) {}
+  PooledRoi<T> pooled(std::int64_t k) const { return {output + k * os.s0, argmax ? argmax + k * as.s0 : nullptr}; }
+};
+
+/// Writes 0 (argmax -1) to every output of an invalid roi row (only reachable with check_rois = false).
+template <class T>
+void pool_invalid_roi(const detail::RoiAlignShape& s, const detail::Strides4& os, const detail::Strides4& as,
+                      PooledRoi<T> r) {
+  for (std::int64_t c = 0; c < s.C; ++c)
+    for (std::int64_t ph = 0; ph < s.PH; ++ph)
+      for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+        r.out[c * os.s1 + ph * os.s2 + pw * os.s3] = from_acc<T>(acc_t<T>(0));
+        if (r.argmax) r.argmax[c * as.s1 + ph * as.s2 + pw * as.s3] = -1;
+      }
+}
+
+/// NHWC: per roi, bins outermost and channels innermost and contiguous (vectorizes).
+template <class T>
+void forward_channels_last(const RoiAlignCall& call, const Context& ctx) {
   using A = acc_t<T>;
-  const detail::RoiAlignShape& s = call.shape;
-  const auto in = strides4(call.features);
-  const auto out = strides4(call.pooled);
-  const auto am = call.max_pool ? strides4(call.argmax) : detail::Strides4{0, 0, 0, 0};
-  const T* input = static_cast<const T*>(call.features.data);
-  T* output = static_cast<T*>(call.pooled.data);
-  auto* argmax = static_cast<std::int32_t*>(call.argmax.data);
-  const detail::RoiSource rois = roi_source(call.rois);
-  const bool vector_channels = in.s1 == 1 && out.s1 == 1 && s.C > 1;
+  const ForwardViews<T> v(call);
+  const detail::RoiAlignShape& s = v.s;
+  const detail::Strides4 &in = v.in, &out = v.os, &am = v.as;
 
   parallel_for(s.K, 1, ctx.resolved_threads(), [&](std::int64_t kb, std::int64_t ke) {
     RoiTable<A> t;
-    std::vector<A> acc(static_cast<std::size_t>(vector_channels ? s.C : 0));
+    std::vector<A> acc(static_cast<std::size_t>(s.C));
     std::vector<std::int32_t> best_index(acc.size());
     for (std::int64_t k = kb; k < ke; ++k) {
-      build_roi_table(rois, k, s, in.s2, in.s3, t);
-      T* out_k = output + k * out.s0;
-      std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 : nullptr;
-      if (t.box.batch < 0) {  // invalid row (only reachable with check_rois = false)
-        for (std::int64_t c = 0; c < s.C; ++c)
-          for (std::int64_t ph = 0; ph < s.PH; ++ph)
-            for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-              out_k[c * out.s1 + ph * out.s2 + pw * out.s3] = from_acc<T>(A(0));
-              if (am_k) am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = -1;
-            }
+      build_roi_table(v.rois, k, s, in.s2, in.s3, t);
+      const PooledRoi<T> r = v.pooled(k);
+      if (t.box.batch < 0) {
+        pool_invalid_roi(s, out, am, r);
         continue;
       }
-      const T* base = input + t.box.batch * in.s0;
-      if (vector_channels) {
-        // NHWC: bins outermost, channels innermost and contiguous (vectorizes).
-        for (std::int64_t ph = 0; ph < s.PH; ++ph)
-          for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-            const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
-            std::fill(acc.begin(), acc.end(), A(0));
-            std::fill(best_index.begin(), best_index.end(), -1);
-            for (std::int64_t i = 0; i < t.per_bin; ++i) {
-              const Sample<A>& p = q[i];
-              if (!call.max_pool) {
-                if (!p.valid) continue;
-                const T *p1 = base + p.o1, *p2 = base + p.o2, *p3 = base + p.o3, *p4 = base + p.o4;
-                for (std::int64_t c = 0; c < s.C; ++c)
-                  acc[c] += p.w1 * to_acc(p1[c]) + p.w2 * to_acc(p2[c]) + p.w3 * to_acc(p3[c]) + p.w4 * to_acc(p4[c]);
-              } else {
-                for (std::int64_t c = 0; c < s.C; ++c) {
-                  const A v = p.valid ? p.w1 * to_acc(base[p.o1 + c]) + p.w2 * to_acc(base[p.o2 + c]) +
-                                            p.w3 * to_acc(base[p.o3 + c]) + p.w4 * to_acc(base[p.o4 + c])
-                                      : A(0);
-                  if (detail::max_pool_takes(v, acc[c], best_index[c])) {
-                    acc[c] = v;
-                    best_index[c] = p.index;
-                  }
-                }
-              }
-            }
-            T* o = out_k + ph * out.s2 + pw * out.s3;
-            for (std::int64_t c = 0; c < s.C; ++c) o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
-            if (am_k)
-              for (std::int64_t c = 0; c < s.C; ++c) am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = best_index[c];
-          }
-        continue;
-      }
-      // NCHW (or any other strides): planes outermost, so each plane's rows are read in order and
-      // few pages are live; avg pooling takes kGroup planes at a time so every table entry is
-      // loaded once per group (each channel's additions keep their order: same bits).
-      std::int64_t c_begin = 0;
-      if (!call.max_pool) {
-        constexpr std::int64_t kGroup = 16;
-        for (; c_begin + kGroup <= s.C; c_begin += kGroup) {
-          const T* plane = base + c_begin * in.s1;
-          for (std::int64_t ph = 0; ph < s.PH; ++ph)
-            for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-              const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
-              A sum[kGroup] = {};
-              for (std::int64_t i = 0; i < t.per_bin; ++i) {
-                const Sample<A>& p = q[i];
-                if (!p.valid) continue;
-                for (std::int64_t g = 0; g < kGroup; ++g) {
-                  const T* pl = plane + g * in.s1;
-                  sum[g] += p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
-                            p.w4 * to_acc(pl[p.o4]);
-                }
-              }
-              T* o = out_k + c_begin * out.s1 + ph * out.s2 + pw * out.s3;
-              for (std::int64_t g = 0; g < kGroup; ++g) o[g * out.s1] = from_acc<T>(sum[g] / t.box.count);
-            }
-        }
-      }
-      for (std::int64_t c = c_begin; c < s.C; ++c) {
-        const T* plane = base + c * in.s1;
-        for (std::int64_t ph = 0; ph < s.PH; ++ph)
-          for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-            const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
-            T* o = out_k + c * out.s1 + ph * out.s2 + pw * out.s3;
+      const T* base = v.input + t.box.batch * in.s0;
+      for (std::int64_t ph = 0; ph < s.PH; ++ph)
+        for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+          const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
+          std::fill(acc.begin(), acc.end(), A(0));
+          std::fill(best_index.begin(), best_index.end(), -1);
+          for (std::int64_t i = 0; i < t.per_bin; ++i) {
+            const Sample<A>& p = q[i];
             if (!call.max_pool) {
-              A sum = A(0);
-              for (std::int64_t i = 0; i < t.per_bin; ++i) {
-                const Sample<A>& p = q[i];
-                if (!p.valid) continue;
-                sum += p.w1 * to_acc(plane[p.o1]) + p.w2 * to_acc(plane[p.o2]) + p.w3 * to_acc(plane[p.o3]) +
-                       p.w4 * to_acc(plane[p.o4]);
-              }
-              *o = from_acc<T>(sum / t.box.count);
+              if (!p.valid) continue;
+              const T *p1 = base + p.o1, *p2 = base + p.o2, *p3 = base + p.o3, *p4 = base + p.o4;
+              for (std::int64_t c = 0; c < s.C; ++c)
+                acc[c] += p.w1 * to_acc(p1[c]) + p.w2 * to_acc(p2[c]) + p.w3 * to_acc(p3[c]) + p.w4 * to_acc(p4[c]);
             } else {
-              A best = A(0);
-              std::int32_t bi = -1;
-              for (std::int64_t i = 0; i < t.per_bin; ++i) {
-                const Sample<A>& p = q[i];
-                const A v = p.valid ? p.w1 * to_acc(plane[p.o1]) + p.w2 * to_acc(plane[p.o2]) +
-                                          p.w3 * to_acc(plane[p.o3]) + p.w4 * to_acc(plane[p.o4])
+              for (std::int64_t c = 0; c < s.C; ++c) {
+                const A v = p.valid ? p.w1 * to_acc(base[p.o1 + c]) + p.w2 * to_acc(base[p.o2 + c]) +
+                                          p.w3 * to_acc(base[p.o3 + c]) + p.w4 * to_acc(base[p.o4 + c])
                                     : A(0);
-                if (detail::max_pool_takes(v, best, bi)) {
-                  best = v;
-                  bi = p.index;
+                if (detail::max_pool_takes(v, acc[c], best_index[c])) {
+                  acc[c] = v;
+                  best_index[c] = p.index;
                 }
               }
-              *o = from_acc<T>(best);
-              am_k[c * am.s1 + ph * am.s2 + pw * am.s3] = bi;
             }
           }
-      }
+          T* o = r.out + ph * out.s2 + pw * out.s3;
+          for (std::int64_t c = 0; c < s.C; ++c) o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
+          if (r.argmax)
+            for (std::int64_t c = 0; c < s.C; ++c) r.argmax[c * am.s1 + ph * am.s2 + pw * am.s3] = best_index[c];
+        }
     }
   });
+}
+
+/// Pools G planes (channels c .. c + G - 1 of one image) over every bin of one roi. Each table
+/// entry is loaded once for the G planes; each channel adds its samples in table order, as the
+/// CUDA kernel does, so the bits do not depend on G.
+template <int G, class T, class A>
+void pool_roi_planes(const T* plane, std::int64_t plane_stride, const Sample<A>* samples, std::int64_t per_bin,
+                     A count, const detail::RoiAlignShape& s, const detail::Strides4& os,
+                     const detail::Strides4& as, PooledRoi<T> r) {
+  for (std::int64_t ph = 0; ph < s.PH; ++ph)
+    for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+      const Sample<A>* q = samples + (ph * s.PW + pw) * per_bin;
+      T* o = r.out + ph * os.s2 + pw * os.s3;
+      if (!r.argmax) {
+        A sum[G] = {};
+        for (std::int64_t i = 0; i < per_bin; ++i) {
+          const Sample<A>& p = q[i];
+          if (!p.valid) continue;
+          for (int g = 0; g < G; ++g) {
+            const T* pl = plane + g * plane_stride;
+            sum[g] += p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
+                      p.w4 * to_acc(pl[p.o4]);
+          }
+        }
+        for (int g = 0; g < G; ++g) o[g * os.s1] = from_acc<T>(sum[g] / count);
+        continue;
+      }
+      A best[G] = {};
+      std::int32_t best_index[G];
+      std::fill(best_index, best_index + G, -1);
+      for (std::int64_t i = 0; i < per_bin; ++i) {
+        const Sample<A>& p = q[i];
+        for (int g = 0; g < G; ++g) {
+          const T* pl = plane + g * plane_stride;
+          const A v = p.valid ? p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
+                                    p.w4 * to_acc(pl[p.o4])
+                              : A(0);
+          if (detail::max_pool_takes(v, best[g], best_index[g])) {
+            best[g] = v;
+            best_index[g] = p.index;
+          }
+        }
+      }
+      std::int32_t* a = r.argmax + ph * as.s2 + pw * as.s3;
+      for (int g = 0; g < G; ++g) {
+        o[g * os.s1] = from_acc<T>(best[g]);
+        a[g * as.s1] = best_index[g];
+      }
+    }
+}
+
+/// Planes per group for the NCHW forward: as many as keep a group's planes of one image within
+/// kGroupBytes (a per-core L2 share), so every roi of the image on that group reads cached lines.
+constexpr std::int64_t kGroupBytes = std::int64_t{1} << 20;
+/// Samples per roi block: the tables of a block are built once and walked once per plane group.
+constexpr std::int64_t kBlockSamples = std::int64_t{1} << 18;
+
+template <class T>
+int planes_per_group(const detail::RoiAlignShape& s) {
+  const std::int64_t plane_bytes = std::max<std::int64_t>(s.H * s.W * static_cast<std::int64_t>(sizeof(T)), 1);
+  int g = 16;
+  while (g > 1 && g * plane_bytes > kGroupBytes) g /= 2;
+  return g;
+}
+
+/// Whether a roi is pooled plane group by plane group (true) or on its own, all channels at once
+/// (false). Per channel, the first reads the roi's sample table once per group (sequential), the
+/// second fetches the roi's footprint of the plane (the cache lines of its sampled rows) from
+/// memory; sparse samples over a large roi (fixed sampling ratio) favour the first, dense ones
+/// (adaptive grids: a table entry per pixel or more) the second.
+template <class T, class A>
+bool pool_by_plane_group(const RoiBox<A>& box, const detail::RoiAlignShape& s, int G) {
+  const double table_bytes = static_cast<double>(table_size(box, s)) * sizeof(Sample<A>) / G;
+  const double extent_h = static_cast<double>(box.bin_h) * static_cast<double>(s.PH) + 2;
+  const double extent_w = static_cast<double>(box.bin_w) * static_cast<double>(s.PW) + 2;
+  const double rows = std::min({2.0 * static_cast<double>(s.PH * box.grid_h), extent_h, static_cast<double>(s.H)});
+  const double lines = std::min(2.0 * static_cast<double>(s.PW * box.grid_w),
+                                std::min(extent_w, static_cast<double>(s.W)) * sizeof(T) / 64 + 1);
+  return table_bytes < rows * lines * 64;
+}
+
+/// Pools channels [c, c + n) of one roi from its table, G planes at a time (G a power of two; the
+/// tail in the largest powers of two that fit).
+template <class T, class A>
+void pool_roi_channels(const T* input, const detail::Strides4& in, const RoiBox<A>& box, const Sample<A>* q,
+                       const detail::RoiAlignShape& s, const detail::Strides4& os, const detail::Strides4& as,
+                       PooledRoi<T> r, std::int64_t c, std::int64_t n, int G) {
+  const std::int64_t per_bin = box.grid_h * box.grid_w;
+  while (n > 0) {
+    int g = G;
+    while (g > n) g /= 2;
+    const T* plane = input + box.batch * in.s0 + c * in.s1;
+    PooledRoi<T> rc{r.out + c * os.s1, r.argmax ? r.argmax + c * as.s1 : nullptr};
+    auto run = [&](auto width) {
+      pool_roi_planes<decltype(width)::value>(plane, in.s1, q, per_bin, box.count, s, os, as, rc);
+    };
+    switch (g) {
+      case 16: run(std::integral_constant<int, 16>{}); break;
+      case 8: run(std::integral_constant<int, 8>{}); break;
+      case 4: run(std::integral_constant<int, 4>{}); break;
+      case 2: run(std::integral_constant<int, 2>{}); break;
+      default: run(std::integral_constant<int, 1>{}); break;
+    }
+    c += g;
+    n -= g;
+  }
+}
+
+/// NCHW (or any strides without contiguous channels). Two kinds of rois (pool_by_plane_group):
+///  - sparse ones, ordered by image, in blocks whose sample tables are built once; threads take
+///    (plane group, roi range) items, plane groups outermost, so a group's planes stay in the
+///    core's cache while every roi of the block on that image reads them (rois overlap: walking
+///    rois outermost re-reads each roi's footprint of every plane from memory);
+///  - dense ones one by one: the table is built and used at once (it stays in cache) for all
+///    channels, 16 planes at a time; threads take ranges of equal sample counts.
+template <class T>
+void forward_planes(const RoiAlignCall& call, const Context& ctx) {
+  using A = acc_t<T>;
+  const ForwardViews<T> v(call);
+  const detail::RoiAlignShape& s = v.s;
+  const detail::Strides4 &in = v.in, &os = v.os, &as = v.as;
+  const int threads = ctx.resolved_threads();
+  const int G = planes_per_group<T>(s);
+  auto pooled = [&](std::int64_t k) { return v.pooled(k); };
+  auto at = [](auto& v, std::int64_t i) -> auto& { return v[static_cast<std::size_t>(i)]; };
+
+  // Boxes; the sparse rois by image (stable), then the dense ones; blocks of sparse roi tables;
+  // equal-sample ranges of dense rois. Every buffer is allocated before an output is written.
+  std::vector<RoiBox<A>> boxes(static_cast<std::size_t>(s.K));
+  std::vector<unsigned char> by_group(static_cast<std::size_t>(s.K));
+  parallel_for(s.K, 256, threads, [&](std::int64_t kb, std::int64_t ke) {
+    for (std::int64_t k = kb; k < ke; ++k) {
+      at(boxes, k) = detail::load_roi_box<A>(v.rois, k, s);
+      at(by_group, k) = at(boxes, k).batch >= 0 && pool_by_plane_group<T>(at(boxes, k), s, G);
+    }
+  });
+  std::vector<std::int64_t> order;
+  {
+    std::vector<std::int64_t> first(static_cast<std::size_t>(s.N) + 2, 0);  // images, then dense
+    auto bucket = [&](std::int64_t k) { return at(by_group, k) ? at(boxes, k).batch : s.N; };
+    for (std::int64_t k = 0; k < s.K; ++k)
+      if (at(boxes, k).batch >= 0) ++at(first, bucket(k) + 1);
+    std::partial_sum(first.begin(), first.end(), first.begin());
+    order.resize(static_cast<std::size_t>(first.back()));
+    for (std::int64_t k = 0; k < s.K; ++k)
+      if (at(boxes, k).batch >= 0) at(order, at(first, bucket(k))++) = k;
+  }
+  const auto nvalid = static_cast<std::int64_t>(order.size());
+  std::int64_t nsparse = 0;
+  while (nsparse < nvalid && at(by_group, at(order, nsparse))) ++nsparse;
+  std::vector<std::int64_t> offset(static_cast<std::size_t>(nsparse) + 1, 0);  // within its block
+  std::vector<std::int64_t> block_begin{0};
+  std::int64_t largest = 0;
+  for (std::int64_t j = 0; j < nsparse; ++j) {
+    const std::int64_t n = table_size(at(boxes, at(order, j)), s);
+    std::int64_t& o = at(offset, j);
+    if (o > 0 && o + n > kBlockSamples) {  // start a new block at j
+      block_begin.push_back(j);
+      o = 0;
+    }
+    at(offset, j + 1) = o + n;
+    largest = std::max(largest, o + n);
+  }
+  block_begin.push_back(nsparse);
+  std::vector<Sample<A>> table(static_cast<std::size_t>(largest));
+  // dense rois: part p takes [dense_begin[p], dense_begin[p + 1]) of order, about equal samples
+  std::vector<std::int64_t> dense_begin(static_cast<std::size_t>(threads) + 1, nvalid);
+  std::int64_t dense_largest = 0;
+  {
+    std::int64_t total = 0;
+    for (std::int64_t j = nsparse; j < nvalid; ++j) {
+      const std::int64_t n = table_size(at(boxes, at(order, j)), s);
+      total += n;
+      dense_largest = std::max(dense_largest, n);
+    }
+    std::int64_t seen = 0, p = 0;
+    for (std::int64_t j = nsparse; j < nvalid; ++j) {
+      while (p < threads && seen * threads >= total * p) at(dense_begin, p++) = j;
+      seen += table_size(at(boxes, at(order, j)), s);
+    }
+    at(dense_begin, 0) = nsparse;
+  }
+  std::vector<std::vector<Sample<A>>> scratch(static_cast<std::size_t>(nvalid > nsparse ? threads : 0));
+  for (auto& v : scratch) v.resize(static_cast<std::size_t>(dense_largest));
+
+  parallel_for(s.K, 64, threads, [&](std::int64_t kb, std::int64_t ke) {
+    for (std::int64_t k = kb; k < ke; ++k)
+      if (at(boxes, k).batch < 0) pool_invalid_roi(s, os, as, pooled(k));
+  });
+
+  const std::int64_t groups = s.C / G, units = groups + s.C % G;  // tail channels one by one
+  const std::int64_t parts = std::max<std::int64_t>(1, (4 * static_cast<std::int64_t>(threads) + units - 1) / units);
+  for (std::size_t b = 0; b + 1 < block_begin.size(); ++b) {
+    const std::int64_t jb = block_begin[b], je = block_begin[b + 1];
+    parallel_for(je - jb, 16, threads, [&](std::int64_t lb, std::int64_t le) {
+      for (std::int64_t j = jb + lb; j < jb + le; ++j)
+        fill_roi_samples(at(boxes, at(order, j)), s, in.s2, in.s3, table.data() + at(offset, j));
+    });
+    parallel_for(units * parts, 1, threads, [&](std::int64_t ib, std::int64_t ie) {
+      for (std::int64_t item = ib; item < ie; ++item) {
+        const std::int64_t u = item / parts, part = item % parts;
+        const std::int64_t c = u < groups ? u * G : groups * G + (u - groups);
+        const std::int64_t rb = jb + (je - jb) * part / parts, re = jb + (je - jb) * (part + 1) / parts;
+        for (std::int64_t j = rb; j < re; ++j) {
+          const std::int64_t k = at(order, j);
+          pool_roi_channels(v.input, in, at(boxes, k), table.data() + at(offset, j), s, os, as, pooled(k), c,
+                            u < groups ? G : 1, G);
+        }
+      }
+    });
+  }
+  if (nvalid > nsparse)
+    parallel_for(threads, 1, threads, [&](std::int64_t pb, std::int64_t pe) {
+      for (std::int64_t p = pb; p < pe; ++p) {
+        Sample<A>* q = at(scratch, p).data();
+        for (std::int64_t j = at(dense_begin, p); j < at(dense_begin, p + 1); ++j) {
+          const std::int64_t k = at(order, j);
+          fill_roi_samples(at(boxes, k), s, in.s2, in.s3, q);
+          pool_roi_channels(v.input, in, at(boxes, k), q, s, os, as, pooled(k), 0, s.C, 16);
+        }
+      }
+    });
+}
+
+template <class T>
+void forward_typed(const RoiAlignCall& call, const Context& ctx) {
+  const bool channels_last = strides4(call.features).s1 == 1 && strides4(call.pooled).s1 == 1 && call.shape.C > 1;
+  if (channels_last)
+    forward_channels_last<T>(call, ctx);
+  else
+    forward_planes<T>(call, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------

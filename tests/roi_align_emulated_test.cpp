@@ -164,6 +164,54 @@ Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_
   return gi;
 }
 
+/// The NCHW forward walks planes in groups sized by the plane's bytes, pools sparse rois group by
+/// group in blocks of tables and dense rois one by one. 181 x 181 planes give groups of 16 (half),
+/// 8 (float) and 4 (double) planes; C = 7 leaves tails; tiny and huge adaptive rois on three
+/// images in mixed order take both walks, and the huge ones fill several table blocks. Every
+/// thread count gives the kernel bodies' bits.
+template <class T>
+void check_plane_groups(DType dt, PoolMode pool) {
+  Case c;
+  const std::int64_t N = 3, C = 7, H = 181, W = 181, K = 30;  // 10 huge rois: 324,000 samples
+  c.opt.pooled_height = 5;
+  c.opt.pooled_width = 4;
+  c.opt.spatial_scale = 0.5;
+  c.opt.sampling_ratio = 0;
+  c.opt.aligned = true;
+  c.opt.pool_mode = pool;
+  c.input = make_tensor({N, C, H, W}, dt, test::random_values(static_cast<std::size_t>(N * C * H * W), 21));
+  std::vector<double> r = test::random_rois(K, N, H * 2.0, W * 2.0, 22, 2.0, 12.0);
+  for (std::int64_t k = 0; k < K; k += 3) {  // every third roi covers most of the map
+    r[k * 5 + 1] = 5.0 + static_cast<double>(k);
+    r[k * 5 + 2] = 3.0;
+    r[k * 5 + 3] = 2.0 * W - 4.0;
+    r[k * 5 + 4] = 2.0 * H - 7.0 - static_cast<double>(k);
+  }
+  c.rois = make_tensor({K, 5}, DType::kFloat32, r);
+  c.shape = {N, C, H, W, K, 5, 4, 0.5, 0, true, c.opt.max_samples_per_roi};
+  const Tensor expected = emulate_forward<T>(c, dt, Layout::kNCHW, false);
+  Tensor expected_am;
+  for (int threads : {1, 2, 3}) {
+    Context ctx;
+    ctx.num_threads = threads;
+    Tensor out = Tensor::empty({K, C, 5, 4}, dt, Device::cpu());
+    Tensor am = Tensor::empty({K, C, 5, 4}, DType::kInt32, Device::cpu());
+    roi_align_forward(c.input, c.rois, out, c.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
+    EXPECT_TRUE(test::same_bytes(out, expected)) << dtype_name(dt) << " " << threads << " threads";
+    if (pool != PoolMode::kMax) continue;
+    if (threads == 1) expected_am = am;
+    EXPECT_TRUE(test::same_bytes(am, expected_am)) << "argmax, " << threads << " threads";
+  }
+}
+
+TEST(RoiAlignCpuForward, PlaneGroupsAndTableBlocksGiveTheKernelBits) {
+  for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax}) {
+    check_plane_groups<Half>(DType::kFloat16, pool);
+    check_plane_groups<float>(DType::kFloat32, pool);
+    check_plane_groups<double>(DType::kFloat64, pool);
+  }
+}
+
 using Param = std::tuple<DType, Layout, PoolMode, std::int64_t, bool>;
 class RoiAlignEmulatedGrid : public ::testing::TestWithParam<Param> {};
 
