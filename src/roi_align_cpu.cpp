@@ -230,34 +230,115 @@ void pool_roi_planes(const T* plane, std::int64_t plane_stride, const Sample<A>*
     }
 }
 
-/// Planes per group for the NCHW forward: as many as keep a group's planes of one image within
-/// kGroupBytes (a per-core L2 share), so every roi of the image on that group reads cached lines.
+/// Planes per group of the plane-group walks: as many as keep a group's planes of one image
+/// within kGroupBytes (a per-core L2 share), so every roi of the image on that group reads (or
+/// adds to) cached lines; at most `cap`, a power of two.
 constexpr std::int64_t kGroupBytes = std::int64_t{1} << 20;
 /// Samples per roi block: the tables of a block are built once and walked once per plane group.
 constexpr std::int64_t kBlockSamples = std::int64_t{1} << 18;
 
-template <class T>
-int planes_per_group(const detail::RoiAlignShape& s) {
-  const std::int64_t plane_bytes = std::max<std::int64_t>(s.H * s.W * static_cast<std::int64_t>(sizeof(T)), 1);
+inline int planes_per_group(const detail::RoiAlignShape& s, std::size_t element_bytes, std::int64_t cap = 16) {
+  const std::int64_t plane_bytes = std::max<std::int64_t>(s.H * s.W * static_cast<std::int64_t>(element_bytes), 1);
   int g = 16;
-  while (g > 1 && g * plane_bytes > kGroupBytes) g /= 2;
+  while (g > 1 && (g * plane_bytes > kGroupBytes || g > cap)) g /= 2;
   return g;
 }
 
-/// Whether a roi is pooled plane group by plane group (true) or on its own, all channels at once
-/// (false). Per channel, the first reads the roi's sample table once per group (sequential), the
-/// second fetches the roi's footprint of the plane (the cache lines of its sampled rows) from
-/// memory; sparse samples over a large roi (fixed sampling ratio) favour the first, dense ones
+/// Bytes per channel that the two NCHW walks read for one roi. Plane-group walk: the roi's sample
+/// table once per group of G planes (sequential). Roi walk: the roi's footprint of the plane (the
+/// cache lines of its sampled rows), fetched from memory again for every roi because rois
+/// overlap. Sparse samples over a large roi (fixed sampling ratio) favour the first, dense ones
 /// (adaptive grids: a table entry per pixel or more) the second.
-template <class T, class A>
-bool pool_by_plane_group(const RoiBox<A>& box, const detail::RoiAlignShape& s, int G) {
-  const double table_bytes = static_cast<double>(table_size(box, s)) * sizeof(Sample<A>) / G;
+struct WalkCost {
+  double group, roi;
+};
+template <class A>
+WalkCost walk_cost(const RoiBox<A>& box, const detail::RoiAlignShape& s, std::size_t element_bytes, int G) {
   const double extent_h = static_cast<double>(box.bin_h) * static_cast<double>(s.PH) + 2;
   const double extent_w = static_cast<double>(box.bin_w) * static_cast<double>(s.PW) + 2;
   const double rows = std::min({2.0 * static_cast<double>(s.PH * box.grid_h), extent_h, static_cast<double>(s.H)});
   const double lines = std::min(2.0 * static_cast<double>(s.PW * box.grid_w),
-                                std::min(extent_w, static_cast<double>(s.W)) * sizeof(T) / 64 + 1);
-  return table_bytes < rows * lines * 64;
+                                std::min(extent_w, static_cast<double>(s.W)) * static_cast<double>(element_bytes) / 64 + 1);
+  return {static_cast<double>(table_size(box, s)) * sizeof(Sample<A>) / G, rows * lines * 64};
+}
+
+/// The rois of a plane-group walk: boxes of every roi; `order` holds the valid rois, those of the
+/// plane-group walk (`grouped`) first, by image and in k order within an image, then the others in
+/// k order; the grouped ones split into blocks of whole tables (`block_begin`, `offset` of each
+/// table in its block) with room for the largest block in `table`. Allocates everything up front.
+template <class A>
+struct RoiPlan {
+  std::vector<RoiBox<A>> boxes;
+  std::vector<unsigned char> grouped;
+  std::vector<std::int64_t> order, offset, block_begin;
+  std::int64_t ngrouped = 0;
+  std::vector<Sample<A>> table;
+
+  /// Loads the boxes; arrange() does the rest.
+  RoiPlan(const detail::RoiSource& rois, const detail::RoiAlignShape& s, int threads)
+      : boxes(static_cast<std::size_t>(s.K)), grouped(static_cast<std::size_t>(s.K)) {
+    parallel_for(s.K, 256, threads, [&](std::int64_t kb, std::int64_t ke) {
+      for (std::int64_t k = kb; k < ke; ++k) boxes[static_cast<std::size_t>(k)] = detail::load_roi_box<A>(rois, k, s);
+    });
+  }
+  /// Orders the valid rois (pick(box): plane-group walk), builds the blocks, allocates the table.
+  template <class Grouped>
+  void arrange(const detail::RoiAlignShape& s, Grouped&& pick) {
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      const RoiBox<A>& b = box(k);
+      grouped[static_cast<std::size_t>(k)] = b.batch >= 0 && pick(b);
+    }
+    std::vector<std::int64_t> first(static_cast<std::size_t>(s.N) + 2, 0);  // images, then the others
+    auto bucket = [&](std::int64_t k) { return static_cast<std::size_t>(is_grouped(k) ? box(k).batch : s.N); };
+    for (std::int64_t k = 0; k < s.K; ++k)
+      if (box(k).batch >= 0) ++first[bucket(k) + 1];
+    std::partial_sum(first.begin(), first.end(), first.begin());
+    order.resize(static_cast<std::size_t>(first.back()));
+    for (std::int64_t k = 0; k < s.K; ++k)
+      if (box(k).batch >= 0) order[static_cast<std::size_t>(first[bucket(k)]++)] = k;
+    ngrouped = 0;
+    while (ngrouped < static_cast<std::int64_t>(order.size()) && is_grouped(roi(ngrouped))) ++ngrouped;
+    offset.assign(static_cast<std::size_t>(ngrouped) + 1, 0);
+    block_begin.assign(1, 0);
+    std::int64_t largest = 0;
+    for (std::int64_t j = 0; j < ngrouped; ++j) {
+      const std::int64_t n = table_size(box(roi(j)), s);
+      std::int64_t& o = offset[static_cast<std::size_t>(j)];
+      if (o > 0 && o + n > kBlockSamples) {  // start a new block at j
+        block_begin.push_back(j);
+        o = 0;
+      }
+      offset[static_cast<std::size_t>(j) + 1] = o + n;
+      largest = std::max(largest, o + n);
+    }
+    block_begin.push_back(ngrouped);
+    table.resize(static_cast<std::size_t>(largest));
+  }
+  const RoiBox<A>& box(std::int64_t k) const { return boxes[static_cast<std::size_t>(k)]; }
+  bool is_grouped(std::int64_t k) const { return grouped[static_cast<std::size_t>(k)] != 0; }
+  std::int64_t roi(std::int64_t j) const { return order[static_cast<std::size_t>(j)]; }
+  std::int64_t blocks() const { return static_cast<std::int64_t>(block_begin.size()) - 1; }
+  const Sample<A>* samples(std::int64_t j) const { return table.data() + offset[static_cast<std::size_t>(j)]; }
+  /// Builds the tables of block b (in parallel over its rois).
+  void fill_block(std::int64_t b, const detail::RoiAlignShape& s, const detail::Strides4& st, int threads) {
+    const std::int64_t jb = block_begin[static_cast<std::size_t>(b)], je = block_begin[static_cast<std::size_t>(b) + 1];
+    parallel_for(je - jb, 16, threads, [&](std::int64_t lb, std::int64_t le) {
+      for (std::int64_t j = jb + lb; j < jb + le; ++j)
+        fill_roi_samples(box(roi(j)), s, st.s2, st.s3, table.data() + offset[static_cast<std::size_t>(j)]);
+    });
+  }
+};
+
+/// Calls f(std::integral_constant<int, G>) for G in {1, 2, 4, 8, 16}.
+template <class F>
+void with_group_width(int G, F&& f) {
+  switch (G) {
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
 }
 
 /// Pools channels [c, c + n) of one roi from its table, G planes at a time (G a power of two; the
@@ -272,22 +353,15 @@ void pool_roi_channels(const T* input, const detail::Strides4& in, const RoiBox<
     while (g > n) g /= 2;
     const T* plane = input + box.batch * in.s0 + c * in.s1;
     PooledRoi<T> rc{r.out + c * os.s1, r.argmax ? r.argmax + c * as.s1 : nullptr};
-    auto run = [&](auto width) {
+    with_group_width(g, [&](auto width) {
       pool_roi_planes<decltype(width)::value>(plane, in.s1, q, per_bin, box.count, s, os, as, rc);
-    };
-    switch (g) {
-      case 16: run(std::integral_constant<int, 16>{}); break;
-      case 8: run(std::integral_constant<int, 8>{}); break;
-      case 4: run(std::integral_constant<int, 4>{}); break;
-      case 2: run(std::integral_constant<int, 2>{}); break;
-      default: run(std::integral_constant<int, 1>{}); break;
-    }
+    });
     c += g;
     n -= g;
   }
 }
 
-/// NCHW (or any strides without contiguous channels). Two kinds of rois (pool_by_plane_group):
+/// NCHW (or any strides without contiguous channels). Two kinds of rois (walk_cost):
 ///  - sparse ones, ordered by image, in blocks whose sample tables are built once; threads take
 ///    (plane group, roi range) items, plane groups outermost, so a group's planes stay in the
 ///    core's cache while every roi of the block on that image reads them (rois overlap: walking
@@ -301,103 +375,66 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
   const detail::RoiAlignShape& s = v.s;
   const detail::Strides4 &in = v.in, &os = v.os, &as = v.as;
   const int threads = ctx.resolved_threads();
-  const int G = planes_per_group<T>(s);
-  auto pooled = [&](std::int64_t k) { return v.pooled(k); };
-  auto at = [](auto& v, std::int64_t i) -> auto& { return v[static_cast<std::size_t>(i)]; };
-
-  // Boxes; the sparse rois by image (stable), then the dense ones; blocks of sparse roi tables;
-  // equal-sample ranges of dense rois. Every buffer is allocated before an output is written.
-  std::vector<RoiBox<A>> boxes(static_cast<std::size_t>(s.K));
-  std::vector<unsigned char> by_group(static_cast<std::size_t>(s.K));
-  parallel_for(s.K, 256, threads, [&](std::int64_t kb, std::int64_t ke) {
-    for (std::int64_t k = kb; k < ke; ++k) {
-      at(boxes, k) = detail::load_roi_box<A>(v.rois, k, s);
-      at(by_group, k) = at(boxes, k).batch >= 0 && pool_by_plane_group<T>(at(boxes, k), s, G);
-    }
+  const int G = planes_per_group(s, sizeof(T));
+  RoiPlan<A> plan(v.rois, s, threads);
+  const bool disjoint_planes = in.s1 >= s.H * s.W;  // not e.g. a channels-last input pooled to NCHW
+  plan.arrange(s, [&](const RoiBox<A>& b) {
+    const WalkCost w = walk_cost(b, s, sizeof(T), G);
+    return disjoint_planes && w.group < w.roi;
   });
-  std::vector<std::int64_t> order;
-  {
-    std::vector<std::int64_t> first(static_cast<std::size_t>(s.N) + 2, 0);  // images, then dense
-    auto bucket = [&](std::int64_t k) { return at(by_group, k) ? at(boxes, k).batch : s.N; };
-    for (std::int64_t k = 0; k < s.K; ++k)
-      if (at(boxes, k).batch >= 0) ++at(first, bucket(k) + 1);
-    std::partial_sum(first.begin(), first.end(), first.begin());
-    order.resize(static_cast<std::size_t>(first.back()));
-    for (std::int64_t k = 0; k < s.K; ++k)
-      if (at(boxes, k).batch >= 0) at(order, at(first, bucket(k))++) = k;
-  }
-  const auto nvalid = static_cast<std::int64_t>(order.size());
-  std::int64_t nsparse = 0;
-  while (nsparse < nvalid && at(by_group, at(order, nsparse))) ++nsparse;
-  std::vector<std::int64_t> offset(static_cast<std::size_t>(nsparse) + 1, 0);  // within its block
-  std::vector<std::int64_t> block_begin{0};
-  std::int64_t largest = 0;
-  for (std::int64_t j = 0; j < nsparse; ++j) {
-    const std::int64_t n = table_size(at(boxes, at(order, j)), s);
-    std::int64_t& o = at(offset, j);
-    if (o > 0 && o + n > kBlockSamples) {  // start a new block at j
-      block_begin.push_back(j);
-      o = 0;
-    }
-    at(offset, j + 1) = o + n;
-    largest = std::max(largest, o + n);
-  }
-  block_begin.push_back(nsparse);
-  std::vector<Sample<A>> table(static_cast<std::size_t>(largest));
-  // dense rois: part p takes [dense_begin[p], dense_begin[p + 1]) of order, about equal samples
+  // dense rois: part p takes [dense_begin[p], dense_begin[p + 1]) of the order, about equal samples
+  const auto nvalid = static_cast<std::int64_t>(plan.order.size());
   std::vector<std::int64_t> dense_begin(static_cast<std::size_t>(threads) + 1, nvalid);
   std::int64_t dense_largest = 0;
   {
     std::int64_t total = 0;
-    for (std::int64_t j = nsparse; j < nvalid; ++j) {
-      const std::int64_t n = table_size(at(boxes, at(order, j)), s);
+    for (std::int64_t j = plan.ngrouped; j < nvalid; ++j) {
+      const std::int64_t n = table_size(plan.box(plan.roi(j)), s);
       total += n;
       dense_largest = std::max(dense_largest, n);
     }
-    std::int64_t seen = 0, p = 0;
-    for (std::int64_t j = nsparse; j < nvalid; ++j) {
-      while (p < threads && seen * threads >= total * p) at(dense_begin, p++) = j;
-      seen += table_size(at(boxes, at(order, j)), s);
+    std::int64_t seen = 0;
+    int p = 0;
+    for (std::int64_t j = plan.ngrouped; j < nvalid; ++j) {
+      while (p < threads && seen * threads >= total * p) dense_begin[static_cast<std::size_t>(p++)] = j;
+      seen += table_size(plan.box(plan.roi(j)), s);
     }
-    at(dense_begin, 0) = nsparse;
+    dense_begin[0] = plan.ngrouped;
   }
-  std::vector<std::vector<Sample<A>>> scratch(static_cast<std::size_t>(nvalid > nsparse ? threads : 0));
-  for (auto& v : scratch) v.resize(static_cast<std::size_t>(dense_largest));
+  std::vector<std::vector<Sample<A>>> scratch(static_cast<std::size_t>(nvalid > plan.ngrouped ? threads : 0));
+  for (auto& t : scratch) t.resize(static_cast<std::size_t>(dense_largest));
 
   parallel_for(s.K, 64, threads, [&](std::int64_t kb, std::int64_t ke) {
     for (std::int64_t k = kb; k < ke; ++k)
-      if (at(boxes, k).batch < 0) pool_invalid_roi(s, os, as, pooled(k));
+      if (plan.box(k).batch < 0) pool_invalid_roi(s, os, as, v.pooled(k));
   });
 
   const std::int64_t groups = s.C / G, units = groups + s.C % G;  // tail channels one by one
   const std::int64_t parts = std::max<std::int64_t>(1, (4 * static_cast<std::int64_t>(threads) + units - 1) / units);
-  for (std::size_t b = 0; b + 1 < block_begin.size(); ++b) {
-    const std::int64_t jb = block_begin[b], je = block_begin[b + 1];
-    parallel_for(je - jb, 16, threads, [&](std::int64_t lb, std::int64_t le) {
-      for (std::int64_t j = jb + lb; j < jb + le; ++j)
-        fill_roi_samples(at(boxes, at(order, j)), s, in.s2, in.s3, table.data() + at(offset, j));
-    });
+  for (std::int64_t b = 0; b < plan.blocks(); ++b) {
+    const std::int64_t jb = plan.block_begin[static_cast<std::size_t>(b)];
+    const std::int64_t je = plan.block_begin[static_cast<std::size_t>(b) + 1];
+    plan.fill_block(b, s, in, threads);
     parallel_for(units * parts, 1, threads, [&](std::int64_t ib, std::int64_t ie) {
       for (std::int64_t item = ib; item < ie; ++item) {
         const std::int64_t u = item / parts, part = item % parts;
         const std::int64_t c = u < groups ? u * G : groups * G + (u - groups);
         const std::int64_t rb = jb + (je - jb) * part / parts, re = jb + (je - jb) * (part + 1) / parts;
         for (std::int64_t j = rb; j < re; ++j) {
-          const std::int64_t k = at(order, j);
-          pool_roi_channels(v.input, in, at(boxes, k), table.data() + at(offset, j), s, os, as, pooled(k), c,
-                            u < groups ? G : 1, G);
+          const std::int64_t k = plan.roi(j);
+          pool_roi_channels(v.input, in, plan.box(k), plan.samples(j), s, os, as, v.pooled(k), c, u < groups ? G : 1, G);
         }
       }
     });
   }
-  if (nvalid > nsparse)
+  if (nvalid > plan.ngrouped)
     parallel_for(threads, 1, threads, [&](std::int64_t pb, std::int64_t pe) {
       for (std::int64_t p = pb; p < pe; ++p) {
-        Sample<A>* q = at(scratch, p).data();
-        for (std::int64_t j = at(dense_begin, p); j < at(dense_begin, p + 1); ++j) {
-          const std::int64_t k = at(order, j);
-          fill_roi_samples(at(boxes, k), s, in.s2, in.s3, q);
-          pool_roi_channels(v.input, in, at(boxes, k), q, s, os, as, pooled(k), 0, s.C, 16);
+        Sample<A>* q = scratch[static_cast<std::size_t>(p)].data();
+        for (std::int64_t j = dense_begin[static_cast<std::size_t>(p)]; j < dense_begin[static_cast<std::size_t>(p) + 1]; ++j) {
+          const std::int64_t k = plan.roi(j);
+          fill_roi_samples(plan.box(k), s, in.s2, in.s3, q);
+          pool_roi_channels(v.input, in, plan.box(k), q, s, os, as, v.pooled(k), 0, s.C, 16);
         }
       }
     });
@@ -440,8 +477,52 @@ void zero_fill(const TensorView& v, const Context& ctx) {
   for_each_element<T>(v, ctx, [&](std::int64_t off, std::int64_t) { p[off] = from_acc<T>(acc_t<T>(0)); });
 }
 
+/// Adds one roi's gradient to G planes (channels c .. c + G - 1 of one image; go_k and am_k point
+/// at channel c of the roi's grad_output and argmax rows). Per plane, the adds come in the order of
+/// the CUDA scatter body run in thread order (k, c, ph, pw): bins in order, a bin's samples in
+/// order, four corners each; so the result does not depend on G, the walk or the threads.
+template <int G, class V, class T, class Target, class A>
+void scatter_roi_planes(Target* plane, std::int64_t plane_stride, const Sample<A>* samples, std::int64_t per_bin,
+                        const detail::RoiAlignShape& s, const T* go_k, const detail::Strides4& go,
+                        const std::int32_t* am_k, const detail::Strides4& am, int narrow) {
+  const V count = static_cast<V>(per_bin);
+  auto scatter = [](Target* pl, const Sample<A>& p, V g, V den) {
+    auto add = [pl](std::int64_t off, V v) {
+      pl[off] = static_cast<Target>(from_double<Target>(static_cast<double>(static_cast<V>(to_acc(pl[off])) + v)));
+    };
+    add(p.o1, g * static_cast<V>(p.w1) / den);
+    add(p.o2, g * static_cast<V>(p.w2) / den);
+    add(p.o3, g * static_cast<V>(p.w3) / den);
+    add(p.o4, g * static_cast<V>(p.w4) / den);
+  };
+  for (std::int64_t ph = 0; ph < s.PH; ++ph)
+    for (std::int64_t pw = 0; pw < s.PW; ++pw) {
+      const Sample<A>* q = samples + (ph * s.PW + pw) * per_bin;
+      V g[G];
+      for (int i = 0; i < G; ++i) {
+        const acc_t<T> ga = to_acc(go_k[i * go.s1 + ph * go.s2 + pw * go.s3]);
+        g[i] = narrow ? static_cast<V>(detail::truncate_gradient(static_cast<double>(ga), narrow)) : static_cast<V>(ga);
+      }
+      if (!am_k) {
+        for (std::int64_t j = 0; j < per_bin; ++j) {
+          if (!q[j].valid) continue;
+          for (int i = 0; i < G; ++i) scatter(plane + i * plane_stride, q[j], g[i], count);
+        }
+        continue;
+      }
+      for (int i = 0; i < G; ++i) {
+        const std::int32_t idx = am_k[i * am.s1 + ph * am.s2 + pw * am.s3];
+        if (idx >= 0 && idx < per_bin && q[idx].valid) scatter(plane + i * plane_stride, q[idx], g[i], V(1));
+      }
+    }
+}
+
 /// Scatter backward (atomic and truncated modes): threads own disjoint channel ranges, so plain
 /// adds are race-free; V is the contribution type, Target the accumulator array's element type.
+/// Two walks, picked over all rois by walk_cost: plane groups outermost (tables built in blocks;
+/// the group's planes of the accumulator stay in the core's cache while every roi of the image
+/// adds to them; threads own groups), or rois outermost with each thread's channel range (a roi's
+/// table built once per thread and kept in cache). Both keep every plane's order of adds.
 template <class T, class V, class Target>
 void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* target, const detail::Strides4& ts,
                       int narrow) {
@@ -451,38 +532,58 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
   const auto am = call.max_pool ? strides4(call.argmax) : detail::Strides4{0, 0, 0, 0};
   const T* grad_output = static_cast<const T*>(call.pooled.data);
   const auto* argmax = static_cast<const std::int32_t*>(call.argmax.data);
+  const int threads = ctx.resolved_threads();
+  // groups small enough that every thread owns some
+  const int G = planes_per_group(s, sizeof(Target), std::max<std::int64_t>(1, s.C / (2 * static_cast<std::int64_t>(threads))));
+  auto scatter_channels = [&](std::int64_t k, const RoiBox<A>& box, const Sample<A>* q, std::int64_t c, std::int64_t n,
+                              int width) {
+    while (n > 0) {
+      int g = width;
+      while (g > n) g /= 2;
+      Target* plane = target + box.batch * ts.s0 + c * ts.s1;
+      const T* go_k = grad_output + k * go.s0 + c * go.s1;
+      const std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 + c * am.s1 : nullptr;
+      with_group_width(g, [&](auto w) {
+        scatter_roi_planes<decltype(w)::value, V>(plane, ts.s1, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, narrow);
+      });
+      c += g;
+      n -= g;
+    }
+  };
+
+  RoiPlan<A> plan(roi_source(call.rois), s, threads);
+  WalkCost total{0.0, 0.0};
+  for (const RoiBox<A>& b : plan.boxes) {
+    if (b.batch < 0) continue;
+    const WalkCost w = walk_cost(b, s, sizeof(Target), G);
+    total.group += w.group;
+    total.roi += w.roi;
+  }
+  // planes must be disjoint blocks (NCHW-like): in a channels-last accumulator a group's planes
+  // interleave with all the others, so a group would touch every line of the image
+  if (ts.s1 >= s.H * s.W && total.group < total.roi) {
+    plan.arrange(s, [](const RoiBox<A>&) { return true; });
+    const std::int64_t groups = s.C / G, units = groups + s.C % G;  // tail channels one by one
+    for (std::int64_t b = 0; b < plan.blocks(); ++b) {
+      const std::int64_t jb = plan.block_begin[static_cast<std::size_t>(b)];
+      const std::int64_t je = plan.block_begin[static_cast<std::size_t>(b) + 1];
+      plan.fill_block(b, s, ts, threads);
+      parallel_for(units, 1, threads, [&](std::int64_t ub, std::int64_t ue) {
+        for (std::int64_t u = ub; u < ue; ++u) {
+          const std::int64_t c = u < groups ? u * G : groups * G + (u - groups);
+          for (std::int64_t j = jb; j < je; ++j)
+            scatter_channels(plan.roi(j), plan.box(plan.roi(j)), plan.samples(j), c, u < groups ? G : 1, G);
+        }
+      });
+    }
+    return;
+  }
   const detail::RoiSource rois = roi_source(call.rois);
-  parallel_for(s.C, 1, ctx.resolved_threads(), [&](std::int64_t cb, std::int64_t ce) {
+  parallel_for(s.C, 1, threads, [&](std::int64_t cb, std::int64_t ce) {
     RoiTable<A> t;
     for (std::int64_t k = 0; k < s.K; ++k) {
       build_roi_table(rois, k, s, ts.s2, ts.s3, t);
-      if (t.box.batch < 0) continue;
-      const V count = static_cast<V>(t.per_bin);
-      for (std::int64_t c = cb; c < ce; ++c) {
-        Target* plane = target + t.box.batch * ts.s0 + c * ts.s1;
-        auto add = [plane](std::int64_t off, V v) {
-          plane[off] = static_cast<Target>(from_double<Target>(static_cast<double>(static_cast<V>(to_acc(plane[off])) + v)));
-        };
-        for (std::int64_t bin = 0; bin < s.PH * s.PW; ++bin) {
-          const std::int64_t ph = bin / s.PW, pw = bin % s.PW;
-          const A ga = to_acc(grad_output[k * go.s0 + c * go.s1 + ph * go.s2 + pw * go.s3]);
-          const V g = narrow ? static_cast<V>(detail::truncate_gradient(static_cast<double>(ga), narrow)) : static_cast<V>(ga);
-          const Sample<A>* q = t.samples.data() + bin * t.per_bin;
-          auto scatter = [&](const Sample<A>& p, V den) {
-            add(p.o1, g * static_cast<V>(p.w1) / den);
-            add(p.o2, g * static_cast<V>(p.w2) / den);
-            add(p.o3, g * static_cast<V>(p.w3) / den);
-            add(p.o4, g * static_cast<V>(p.w4) / den);
-          };
-          if (!call.max_pool) {
-            for (std::int64_t i = 0; i < t.per_bin; ++i)
-              if (q[i].valid) scatter(q[i], count);
-          } else {
-            const std::int32_t idx = argmax[k * am.s0 + c * am.s1 + ph * am.s2 + pw * am.s3];
-            if (idx >= 0 && idx < t.per_bin && q[idx].valid) scatter(q[idx], V(1));
-          }
-        }
-      }
+      if (t.box.batch >= 0) scatter_channels(k, t.box, t.samples.data(), cb, ce - cb, 16);
     }
   });
 }

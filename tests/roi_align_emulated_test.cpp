@@ -164,32 +164,42 @@ Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_
   return gi;
 }
 
-/// The NCHW forward walks planes in groups sized by the plane's bytes, pools sparse rois group by
-/// group in blocks of tables and dense rois one by one. 181 x 181 planes give groups of 16 (half),
-/// 8 (float) and 4 (double) planes; C = 7 leaves tails; tiny and huge adaptive rois on three
-/// images in mixed order take both walks, and the huge ones fill several table blocks. Every
-/// thread count gives the kernel bodies' bits.
+/// The NCHW forward and the scatter backward walk planes in groups sized by the plane's bytes,
+/// pool sparse rois group by group in blocks of tables and dense rois one by one (the backward
+/// picks one walk for all rois). 181 x 181 planes give groups of 16 (half), 8 (float) and 4
+/// (double) planes in the forward; C = 7 leaves tails. Adaptive: tiny and huge rois on three
+/// images in mixed order take both forward walks, the huge ones fill several table blocks, and
+/// the backward takes the roi walk. Sampling ratio 2 with 3400 rois: the backward takes the
+/// plane-group walk over several blocks. Every thread count gives the kernel bodies' bits.
 template <class T>
-void check_plane_groups(DType dt, PoolMode pool) {
+void check_plane_groups(DType dt, PoolMode pool, std::int64_t sr) {
   Case c;
-  const std::int64_t N = 3, C = 7, H = 181, W = 181, K = 30;  // 10 huge rois: 324,000 samples
+  const std::int64_t N = 3, C = 7, H = 181, W = 181, K = sr > 0 ? 3400 : 30;  // adaptive: 324,000 samples
   c.opt.pooled_height = 5;
   c.opt.pooled_width = 4;
   c.opt.spatial_scale = 0.5;
-  c.opt.sampling_ratio = 0;
+  c.opt.sampling_ratio = sr;
   c.opt.aligned = true;
   c.opt.pool_mode = pool;
   c.input = make_tensor({N, C, H, W}, dt, test::random_values(static_cast<std::size_t>(N * C * H * W), 21));
-  std::vector<double> r = test::random_rois(K, N, H * 2.0, W * 2.0, 22, 2.0, 12.0);
-  for (std::int64_t k = 0; k < K; k += 3) {  // every third roi covers most of the map
+  std::vector<double> r = test::random_rois(K, N, H * 2.0, W * 2.0, 22, 2.0, sr > 0 ? 300.0 : 12.0);
+  for (std::int64_t k = 0; sr == 0 && k < K; k += 3) {  // every third roi covers most of the map
     r[k * 5 + 1] = 5.0 + static_cast<double>(k);
     r[k * 5 + 2] = 3.0;
     r[k * 5 + 3] = 2.0 * W - 4.0;
     r[k * 5 + 4] = 2.0 * H - 7.0 - static_cast<double>(k);
   }
   c.rois = make_tensor({K, 5}, DType::kFloat32, r);
-  c.shape = {N, C, H, W, K, 5, 4, 0.5, 0, true, c.opt.max_samples_per_roi};
+  c.grad_output = make_tensor({K, C, 5, 4}, dt, test::random_values(static_cast<std::size_t>(K * C * 20), 23));
+  c.shape = {N, C, H, W, K, 5, 4, 0.5, sr, true, c.opt.max_samples_per_roi};
+  if (pool == PoolMode::kMax) {  // the argmax of the emulated forward
+    c.argmax = Tensor::empty({K, C, 5, 4}, DType::kInt32, Device::cpu());
+    Tensor out = Tensor::empty({K, C, 5, 4}, dt, Device::cpu());
+    roi_align_forward(c.input, c.rois, out, c.opt, {}, c.argmax);
+  }
   const Tensor expected = emulate_forward<T>(c, dt, Layout::kNCHW, false);
+  const Tensor expected_atomic = emulate_scatter<T>(c, dt, Layout::kNCHW, 0);
+  const Tensor expected_truncated = emulate_scatter<T>(c, dt, Layout::kNCHW, 1);
   Tensor expected_am;
   for (int threads : {1, 2, 3}) {
     Context ctx;
@@ -198,18 +208,28 @@ void check_plane_groups(DType dt, PoolMode pool) {
     Tensor am = Tensor::empty({K, C, 5, 4}, DType::kInt32, Device::cpu());
     roi_align_forward(c.input, c.rois, out, c.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
     EXPECT_TRUE(test::same_bytes(out, expected)) << dtype_name(dt) << " " << threads << " threads";
-    if (pool != PoolMode::kMax) continue;
-    if (threads == 1) expected_am = am;
-    EXPECT_TRUE(test::same_bytes(am, expected_am)) << "argmax, " << threads << " threads";
+    if (pool == PoolMode::kMax) {
+      if (threads == 1) expected_am = am;
+      EXPECT_TRUE(test::same_bytes(am, expected_am)) << "argmax, " << threads << " threads";
+    }
+    for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kTruncated}) {
+      Tensor gi = Tensor::empty({N, C, H, W}, dt, Device::cpu());
+      RoiAlignBackwardOptions b;
+      b.mode = mode;
+      roi_align_backward(c.grad_output, c.rois, gi, c.opt, b, ctx, c.argmax);
+      EXPECT_TRUE(test::same_bytes(gi, mode == BackwardMode::kAtomic ? expected_atomic : expected_truncated))
+          << to_string(mode) << " " << dtype_name(dt) << " " << threads << " threads";
+    }
   }
 }
 
-TEST(RoiAlignCpuForward, PlaneGroupsAndTableBlocksGiveTheKernelBits) {
-  for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax}) {
-    check_plane_groups<Half>(DType::kFloat16, pool);
-    check_plane_groups<float>(DType::kFloat32, pool);
-    check_plane_groups<double>(DType::kFloat64, pool);
-  }
+TEST(RoiAlignCpu, PlaneGroupsAndTableBlocksGiveTheKernelBits) {
+  for (std::int64_t sr : {0, 2})
+    for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax}) {
+      check_plane_groups<Half>(DType::kFloat16, pool, sr);
+      check_plane_groups<float>(DType::kFloat32, pool, sr);
+      check_plane_groups<double>(DType::kFloat64, pool, sr);
+    }
 }
 
 using Param = std::tuple<DType, Layout, PoolMode, std::int64_t, bool>;
