@@ -2,9 +2,12 @@
 // written), then hand a RoiAlignCall to the CPU or CUDA backend.
 #include "detops/roi_align.h"
 
+#include <initializer_list>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 
 #include "internal/common.h"
@@ -154,15 +157,32 @@ std::size_t with_alignment_slack(std::size_t bytes) { return bytes == 0 ? 0 : by
 
 /// RAII workspace: the caller's buffer, or one from the context's allocator; get() returns it
 /// with the base rounded up to kWorkspaceAlign (the slack is part of `need`).
+/// A view of the call, named, for the workspace overlap check.
+struct NamedView {
+  const char* name;
+  const TensorView* view;
+};
+
 class ScopedWorkspace {
  public:
-  ScopedWorkspace(const char* op, Workspace given, std::size_t need, Device device, const Context& ctx)
+  /// `views`: the call's tensors; a caller's workspace must not overlap any of them (the backends
+  /// write the workspace while reading or writing those, so an overlap would corrupt results).
+  ScopedWorkspace(const char* op, Workspace given, std::size_t need, Device device, const Context& ctx,
+                  std::initializer_list<NamedView> views)
       : device_(device), ctx_(ctx) {
     if (need == 0) return;
     if (given.data) {
       if (given.bytes < need)
         fail(kBad, "{}: workspace has {} bytes; expected at least {} (see roi_align_backward_workspace_size)", op,
              given.bytes, need);
+      const auto* w0 = static_cast<const unsigned char*>(given.data);
+      for (const NamedView& v : views) {
+        if (!v.view->defined() || v.view->numel() == 0 || v.view->device != device) continue;
+        const auto* v0 = static_cast<const unsigned char*>(v.view->data);
+        if (w0 < v0 + v.view->span_bytes() && v0 < w0 + need)
+          fail(kBad, "{}: workspace [{}, +{} bytes) overlaps {} in memory; expected disjoint memory", op,
+               static_cast<const void*>(w0), need, v.name);
+      }
       ws_ = given;
       return;
     }
@@ -288,7 +308,8 @@ void roi_align_backward(const TensorView& grad_output, const TensorView& rois, c
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
   const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
   const std::size_t need = workspace_bytes(call, check, backward.mode);
-  ScopedWorkspace ws(call.op, workspace, need, grad_input.device, ctx);
+  ScopedWorkspace ws(call.op, workspace, need, grad_input.device, ctx,
+                     {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input}, {"argmax", &argmax}});
   if (grad_input.numel() == 0) return;
   if (grad_input.device.is_cpu()) internal::roi_align_backward_cpu(call, check, backward, ctx, ws.get());
   else internal::roi_align_backward_cuda(call, check, backward, ctx, ws.get());

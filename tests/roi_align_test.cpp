@@ -282,6 +282,41 @@ TEST(RoiAlignCpuSemantics, CallerWorkspaceMatchesAllocatedOne) {
   for (double x : to_vector(gi2)) ASSERT_TRUE(std::isnan(x) || x != 0.0);  // untouched poison
 }
 
+// A caller's workspace that overlaps one of the call's tensors would be written while that tensor
+// is read (or written): rejected up front, naming the tensor, with grad_input untouched.
+TEST(RoiAlignCpuSemantics, CallerWorkspaceOverlappingATensorIsRejected) {
+  const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kAvg, 0);
+  RoiAlignBackwardOptions b;
+  Tensor gi = Tensor::empty({2, 16, 50, 68}, DType::kFloat32);
+  const std::size_t bytes = roi_align_backward_workspace_size(w.grad_output, w.rois, gi, w.opt, b);
+  const std::size_t gi_bytes = static_cast<std::size_t>(gi.view().span_bytes());
+  // one buffer: grad_input at its start, then room for a workspace
+  std::vector<float> buf((gi_bytes + bytes) / sizeof(float) + 64);
+  TensorView gi_view = gi.view();
+  gi_view.data = buf.data();
+  auto* base = reinterpret_cast<unsigned char*>(buf.data());
+  for (std::size_t start : {std::size_t{0}, gi_bytes / 2, gi_bytes - 4}) {  // inside grad_input
+    std::fill(buf.begin(), buf.end(), -7.0f);
+    try {
+      roi_align_backward(w.grad_output, w.rois, gi_view, w.opt, b, {}, {}, Workspace{base + start, bytes});
+      ADD_FAILURE() << "workspace at +" << start << " overlaps grad_input and was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("grad_input"), std::string::npos) << e.what();
+    }
+    for (float x : buf) ASSERT_EQ(x, -7.0f);  // nothing written
+  }
+  // right after grad_input: accepted, and the result is the allocated workspace's
+  roi_align_backward(w.grad_output, w.rois, gi_view, w.opt, b, {}, {}, Workspace{base + gi_bytes, bytes});
+  Tensor expected = run_backward(w, BackwardMode::kExact, 2, Layout::kNCHW, DType::kFloat32);
+  EXPECT_EQ(std::memcmp(buf.data(), expected.view().data, gi_bytes), 0);
+  // over grad_output and over rois
+  auto* go = static_cast<unsigned char*>(w.grad_output.view().data);
+  EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{go + 8, bytes}), Error);
+  auto* rois = static_cast<unsigned char*>(w.rois.view().data);
+  EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{rois, bytes}), Error);
+}
+
 TEST(RoiAlignCpuSemantics, WorkspaceQueryForMaxPoolingNeedsNoArgmax) {
   const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kMax, 2);
   RoiAlignBackwardOptions b;
