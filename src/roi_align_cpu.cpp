@@ -23,14 +23,26 @@ using detail::RoiStatus;
 
 namespace {
 
-/// One bilinear sample with its four plane offsets (input strides applied).
+/// One bilinear sample: the offset of its (y_low, x_low) corner (plane strides applied), whether
+/// the other corners are one column / one row further (else the same: the clamped last column or
+/// row), and the four weights. 32 bytes for float (the tables are streamed once per plane group).
 template <class A>
 struct Sample {
-  std::int64_t o1, o2, o3, o4;
+  std::int64_t o1;
   A w1, w2, w3, w4;
   std::int32_t index;  // iy * grid_w + ix
-  bool valid;
+  bool valid, step_x, step_y;
 };
+
+/// The four corner offsets of a sample in a plane with row stride sh and column stride sw.
+struct Corners {
+  std::int64_t o1, o2, o3, o4;
+};
+template <class A>
+inline Corners corners(const Sample<A>& p, std::int64_t sh, std::int64_t sw) {
+  const std::int64_t dx = p.step_x ? sw : 0, dy = p.step_y ? sh : 0;
+  return {p.o1, p.o1 + dx, p.o1 + dy, p.o1 + dy + dx};
+}
 
 /// Every sample of one roi, grouped by bin: bin b owns samples [b * per_bin, (b + 1) * per_bin).
 template <class A>
@@ -64,9 +76,8 @@ void fill_roi_samples(const RoiBox<A>& box, const detail::RoiAlignShape& s, std:
           q.index = static_cast<std::int32_t>(iy * box.grid_w + ix);
           if (!b.valid) continue;
           q.o1 = b.y_low * sh + b.x_low * sw;
-          q.o2 = b.y_low * sh + b.x_high * sw;
-          q.o3 = b.y_high * sh + b.x_low * sw;
-          q.o4 = b.y_high * sh + b.x_high * sw;
+          q.step_x = b.x_high != b.x_low;
+          q.step_y = b.y_high != b.y_low;
           q.w1 = b.w1;
           q.w2 = b.w2;
           q.w3 = b.w3;
@@ -157,13 +168,15 @@ void forward_channels_last(const RoiAlignCall& call, const Context& ctx) {
             const Sample<A>& p = q[i];
             if (!call.max_pool) {
               if (!p.valid) continue;
-              const T *p1 = base + p.o1, *p2 = base + p.o2, *p3 = base + p.o3, *p4 = base + p.o4;
+              const Corners o = corners(p, in.s2, in.s3);
+              const T *p1 = base + o.o1, *p2 = base + o.o2, *p3 = base + o.o3, *p4 = base + o.o4;
               for (std::int64_t c = 0; c < s.C; ++c)
                 acc[c] += p.w1 * to_acc(p1[c]) + p.w2 * to_acc(p2[c]) + p.w3 * to_acc(p3[c]) + p.w4 * to_acc(p4[c]);
             } else {
+              const Corners o = corners(p, in.s2, in.s3);
               for (std::int64_t c = 0; c < s.C; ++c) {
-                const A v = p.valid ? p.w1 * to_acc(base[p.o1 + c]) + p.w2 * to_acc(base[p.o2 + c]) +
-                                          p.w3 * to_acc(base[p.o3 + c]) + p.w4 * to_acc(base[p.o4 + c])
+                const A v = p.valid ? p.w1 * to_acc(base[o.o1 + c]) + p.w2 * to_acc(base[o.o2 + c]) +
+                                          p.w3 * to_acc(base[o.o3 + c]) + p.w4 * to_acc(base[o.o4 + c])
                                     : A(0);
                 if (detail::max_pool_takes(v, acc[c], best_index[c])) {
                   acc[c] = v;
@@ -185,7 +198,7 @@ void forward_channels_last(const RoiAlignCall& call, const Context& ctx) {
 /// entry is loaded once for the G planes; each channel adds its samples in table order, as the
 /// CUDA kernel does, so the bits do not depend on G.
 template <int G, class T, class A>
-void pool_roi_planes(const T* plane, std::int64_t plane_stride, const Sample<A>* samples, std::int64_t per_bin,
+void pool_roi_planes(const T* plane, const detail::Strides4& in, const Sample<A>* samples, std::int64_t per_bin,
                      A count, const detail::RoiAlignShape& s, const detail::Strides4& os,
                      const detail::Strides4& as, PooledRoi<T> r) {
   for (std::int64_t ph = 0; ph < s.PH; ++ph)
@@ -197,10 +210,11 @@ void pool_roi_planes(const T* plane, std::int64_t plane_stride, const Sample<A>*
         for (std::int64_t i = 0; i < per_bin; ++i) {
           const Sample<A>& p = q[i];
           if (!p.valid) continue;
+          const Corners o = corners(p, in.s2, in.s3);
           for (int g = 0; g < G; ++g) {
-            const T* pl = plane + g * plane_stride;
-            sum[g] += p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
-                      p.w4 * to_acc(pl[p.o4]);
+            const T* pl = plane + g * in.s1;
+            sum[g] += p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) +
+                      p.w4 * to_acc(pl[o.o4]);
           }
         }
         for (int g = 0; g < G; ++g) o[g * os.s1] = from_acc<T>(sum[g] / count);
@@ -211,10 +225,11 @@ void pool_roi_planes(const T* plane, std::int64_t plane_stride, const Sample<A>*
       std::fill(best_index, best_index + G, -1);
       for (std::int64_t i = 0; i < per_bin; ++i) {
         const Sample<A>& p = q[i];
+        const Corners o = corners(p, in.s2, in.s3);
         for (int g = 0; g < G; ++g) {
-          const T* pl = plane + g * plane_stride;
-          const A v = p.valid ? p.w1 * to_acc(pl[p.o1]) + p.w2 * to_acc(pl[p.o2]) + p.w3 * to_acc(pl[p.o3]) +
-                                    p.w4 * to_acc(pl[p.o4])
+          const T* pl = plane + g * in.s1;
+          const A v = p.valid ? p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) +
+                                    p.w4 * to_acc(pl[o.o4])
                               : A(0);
           if (detail::max_pool_takes(v, best[g], best_index[g])) {
             best[g] = v;
@@ -354,7 +369,7 @@ void pool_roi_channels(const T* input, const detail::Strides4& in, const RoiBox<
     const T* plane = input + box.batch * in.s0 + c * in.s1;
     PooledRoi<T> rc{r.out + c * os.s1, r.argmax ? r.argmax + c * as.s1 : nullptr};
     with_group_width(g, [&](auto width) {
-      pool_roi_planes<decltype(width)::value>(plane, in.s1, q, per_bin, box.count, s, os, as, rc);
+      pool_roi_planes<decltype(width)::value>(plane, in, q, per_bin, box.count, s, os, as, rc);
     });
     c += g;
     n -= g;
@@ -482,18 +497,19 @@ void zero_fill(const TensorView& v, const Context& ctx) {
 /// the CUDA scatter body run in thread order (k, c, ph, pw): bins in order, a bin's samples in
 /// order, four corners each; so the result does not depend on G, the walk or the threads.
 template <int G, class V, class T, class Target, class A>
-void scatter_roi_planes(Target* plane, std::int64_t plane_stride, const Sample<A>* samples, std::int64_t per_bin,
+void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<A>* samples, std::int64_t per_bin,
                         const detail::RoiAlignShape& s, const T* go_k, const detail::Strides4& go,
                         const std::int32_t* am_k, const detail::Strides4& am, int narrow) {
   const V count = static_cast<V>(per_bin);
-  auto scatter = [](Target* pl, const Sample<A>& p, V g, V den) {
+  auto scatter = [&ts](Target* pl, const Sample<A>& p, V g, V den) {
     auto add = [pl](std::int64_t off, V v) {
       pl[off] = static_cast<Target>(from_double<Target>(static_cast<double>(static_cast<V>(to_acc(pl[off])) + v)));
     };
-    add(p.o1, g * static_cast<V>(p.w1) / den);
-    add(p.o2, g * static_cast<V>(p.w2) / den);
-    add(p.o3, g * static_cast<V>(p.w3) / den);
-    add(p.o4, g * static_cast<V>(p.w4) / den);
+    const Corners o = corners(p, ts.s2, ts.s3);
+    add(o.o1, g * static_cast<V>(p.w1) / den);
+    add(o.o2, g * static_cast<V>(p.w2) / den);
+    add(o.o3, g * static_cast<V>(p.w3) / den);
+    add(o.o4, g * static_cast<V>(p.w4) / den);
   };
   for (std::int64_t ph = 0; ph < s.PH; ++ph)
     for (std::int64_t pw = 0; pw < s.PW; ++pw) {
@@ -506,13 +522,13 @@ void scatter_roi_planes(Target* plane, std::int64_t plane_stride, const Sample<A
       if (!am_k) {
         for (std::int64_t j = 0; j < per_bin; ++j) {
           if (!q[j].valid) continue;
-          for (int i = 0; i < G; ++i) scatter(plane + i * plane_stride, q[j], g[i], count);
+          for (int i = 0; i < G; ++i) scatter(plane + i * ts.s1, q[j], g[i], count);
         }
         continue;
       }
       for (int i = 0; i < G; ++i) {
         const std::int32_t idx = am_k[i * am.s1 + ph * am.s2 + pw * am.s3];
-        if (idx >= 0 && idx < per_bin && q[idx].valid) scatter(plane + i * plane_stride, q[idx], g[i], V(1));
+        if (idx >= 0 && idx < per_bin && q[idx].valid) scatter(plane + i * ts.s1, q[idx], g[i], V(1));
       }
     }
 }
@@ -544,7 +560,7 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
       const T* go_k = grad_output + k * go.s0 + c * go.s1;
       const std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 + c * am.s1 : nullptr;
       with_group_width(g, [&](auto w) {
-        scatter_roi_planes<decltype(w)::value, V>(plane, ts.s1, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, narrow);
+        scatter_roi_planes<decltype(w)::value, V>(plane, ts, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, narrow);
       });
       c += g;
       n -= g;
