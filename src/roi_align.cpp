@@ -2,8 +2,6 @@
 // written), then hand a RoiAlignCall to the CPU or CUDA backend.
 #include "detops/roi_align.h"
 
-#include <initializer_list>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -155,14 +153,14 @@ internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const R
 constexpr std::size_t kWorkspaceAlign = internal::WorkspaceLayout::kAlign;
 std::size_t with_alignment_slack(std::size_t bytes) { return bytes == 0 ? 0 : bytes + (kWorkspaceAlign - 1); }
 
-/// RAII workspace: the caller's buffer, or one from the context's allocator; get() returns it
-/// with the base rounded up to kWorkspaceAlign (the slack is part of `need`).
 /// A view of the call, named, for the workspace overlap check.
 struct NamedView {
   const char* name;
   const TensorView* view;
 };
 
+/// RAII workspace: the caller's buffer, or one from the context's allocator; get() returns it
+/// with the base rounded up to kWorkspaceAlign (the slack is part of `need`).
 class ScopedWorkspace {
  public:
   /// `views`: the call's tensors; a caller's workspace must not overlap any of them (the backends
@@ -175,13 +173,14 @@ class ScopedWorkspace {
       if (given.bytes < need)
         fail(kBad, "{}: workspace has {} bytes; expected at least {} (see roi_align_backward_workspace_size)", op,
              given.bytes, need);
-      const auto* w0 = static_cast<const unsigned char*>(given.data);
+      // addresses as integers: the buffers are unrelated allocations
+      const auto w0 = reinterpret_cast<std::uintptr_t>(given.data);
       for (const NamedView& v : views) {
         if (!v.view->defined() || v.view->numel() == 0 || v.view->device != device) continue;
-        const auto* v0 = static_cast<const unsigned char*>(v.view->data);
-        if (w0 < v0 + v.view->span_bytes() && v0 < w0 + need)
+        const auto v0 = reinterpret_cast<std::uintptr_t>(v.view->data);
+        if (w0 < v0 + static_cast<std::uintptr_t>(v.view->span_bytes()) && v0 < w0 + need)
           fail(kBad, "{}: workspace [{}, +{} bytes) overlaps {} in memory; expected disjoint memory", op,
-               static_cast<const void*>(w0), need, v.name);
+               given.data, need, v.name);
       }
       ws_ = given;
       return;

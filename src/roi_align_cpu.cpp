@@ -7,6 +7,7 @@
 //    fixed-order run sum, so results equal the CUDA backend's bit for bit.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -269,12 +270,20 @@ struct WalkCost {
 };
 template <class A>
 WalkCost walk_cost(const RoiBox<A>& box, const detail::RoiAlignShape& s, std::size_t element_bytes, int G) {
-  const double extent_h = static_cast<double>(box.bin_h) * static_cast<double>(s.PH) + 2;
-  const double extent_w = static_cast<double>(box.bin_w) * static_cast<double>(s.PW) + 2;
+  // (bins are negative for an inverted roi with `aligned`: count its extent as empty)
+  const double extent_h = std::max(0.0, static_cast<double>(box.bin_h) * static_cast<double>(s.PH)) + 2;
+  const double extent_w = std::max(0.0, static_cast<double>(box.bin_w) * static_cast<double>(s.PW)) + 2;
   const double rows = std::min({2.0 * static_cast<double>(s.PH * box.grid_h), extent_h, static_cast<double>(s.H)});
   const double lines = std::min(2.0 * static_cast<double>(s.PW * box.grid_w),
                                 std::min(extent_w, static_cast<double>(s.W)) * static_cast<double>(element_bytes) / 64 + 1);
   return {static_cast<double>(table_size(box, s)) * sizeof(Sample<A>) / G, rows * lines * 64};
+}
+
+/// An uninitialized array of n samples (nullptr for 0): tables are written before they are read,
+/// and zero-filling megabytes first would be a serial pass over memory.
+template <class A>
+std::unique_ptr<Sample<A>[]> make_samples(std::int64_t n) {
+  return n > 0 ? std::unique_ptr<Sample<A>[]>(new Sample<A>[static_cast<std::size_t>(n)]) : nullptr;
 }
 
 /// The rois of a plane-group walk: boxes of every roi; `order` holds the valid rois, those of the
@@ -287,7 +296,7 @@ struct RoiPlan {
   std::vector<unsigned char> grouped;
   std::vector<std::int64_t> order, offset, block_begin;
   std::int64_t ngrouped = 0;
-  std::vector<Sample<A>> table;
+  std::unique_ptr<Sample<A>[]> table;  // room for the largest block (left uninitialized)
 
   /// Loads the boxes; arrange() does the rest.
   RoiPlan(const detail::RoiSource& rois, const detail::RoiAlignShape& s, int threads)
@@ -303,14 +312,13 @@ struct RoiPlan {
       const RoiBox<A>& b = box(k);
       grouped[static_cast<std::size_t>(k)] = b.batch >= 0 && pick(b);
     }
-    std::vector<std::int64_t> first(static_cast<std::size_t>(s.N) + 2, 0);  // images, then the others
-    auto bucket = [&](std::int64_t k) { return static_cast<std::size_t>(is_grouped(k) ? box(k).batch : s.N); };
+    // images, then the others; a sort, not buckets per image (N may be huge with a broadcast input)
+    order.clear();
+    order.reserve(static_cast<std::size_t>(s.K));
     for (std::int64_t k = 0; k < s.K; ++k)
-      if (box(k).batch >= 0) ++first[bucket(k) + 1];
-    std::partial_sum(first.begin(), first.end(), first.begin());
-    order.resize(static_cast<std::size_t>(first.back()));
-    for (std::int64_t k = 0; k < s.K; ++k)
-      if (box(k).batch >= 0) order[static_cast<std::size_t>(first[bucket(k)]++)] = k;
+      if (box(k).batch >= 0) order.push_back(k);
+    auto key = [&](std::int64_t k) { return is_grouped(k) ? box(k).batch : s.N; };
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return key(a) < key(b); });
     ngrouped = 0;
     while (ngrouped < static_cast<std::int64_t>(order.size()) && is_grouped(roi(ngrouped))) ++ngrouped;
     offset.assign(static_cast<std::size_t>(ngrouped) + 1, 0);
@@ -327,19 +335,19 @@ struct RoiPlan {
       largest = std::max(largest, o + n);
     }
     block_begin.push_back(ngrouped);
-    table.resize(static_cast<std::size_t>(largest));
+    table = make_samples<A>(largest);
   }
   const RoiBox<A>& box(std::int64_t k) const { return boxes[static_cast<std::size_t>(k)]; }
   bool is_grouped(std::int64_t k) const { return grouped[static_cast<std::size_t>(k)] != 0; }
   std::int64_t roi(std::int64_t j) const { return order[static_cast<std::size_t>(j)]; }
   std::int64_t blocks() const { return static_cast<std::int64_t>(block_begin.size()) - 1; }
-  const Sample<A>* samples(std::int64_t j) const { return table.data() + offset[static_cast<std::size_t>(j)]; }
+  const Sample<A>* samples(std::int64_t j) const { return table.get() + offset[static_cast<std::size_t>(j)]; }
   /// Builds the tables of block b (in parallel over its rois).
   void fill_block(std::int64_t b, const detail::RoiAlignShape& s, const detail::Strides4& st, int threads) {
     const std::int64_t jb = block_begin[static_cast<std::size_t>(b)], je = block_begin[static_cast<std::size_t>(b) + 1];
     parallel_for(je - jb, 16, threads, [&](std::int64_t lb, std::int64_t le) {
       for (std::int64_t j = jb + lb; j < jb + le; ++j)
-        fill_roi_samples(box(roi(j)), s, st.s2, st.s3, table.data() + offset[static_cast<std::size_t>(j)]);
+        fill_roi_samples(box(roi(j)), s, st.s2, st.s3, table.get() + offset[static_cast<std::size_t>(j)]);
     });
   }
 };
@@ -397,27 +405,28 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
     const WalkCost w = walk_cost(b, s, sizeof(T), G);
     return disjoint_planes && w.group < w.roi;
   });
-  // dense rois: part p takes [dense_begin[p], dense_begin[p + 1]) of the order, about equal samples
+  // dense rois: part p takes [dense_begin[p], dense_begin[p + 1]) of the order (about equal
+  // samples each) with its own table, sized to the largest roi of its range
   const auto nvalid = static_cast<std::int64_t>(plan.order.size());
-  std::vector<std::int64_t> dense_begin(static_cast<std::size_t>(threads) + 1, nvalid);
-  std::int64_t dense_largest = 0;
-  {
-    std::int64_t total = 0;
-    for (std::int64_t j = plan.ngrouped; j < nvalid; ++j) {
-      const std::int64_t n = table_size(plan.box(plan.roi(j)), s);
-      total += n;
-      dense_largest = std::max(dense_largest, n);
-    }
-    std::int64_t seen = 0;
+  const auto dense_parts = static_cast<int>(std::min<std::int64_t>(threads, nvalid - plan.ngrouped));
+  std::vector<std::int64_t> dense_begin(static_cast<std::size_t>(dense_parts) + 1, nvalid);
+  std::vector<std::unique_ptr<Sample<A>[]>> scratch(static_cast<std::size_t>(dense_parts));
+  if (dense_parts > 0) {
+    double total = 0.0, seen = 0.0;
+    for (std::int64_t j = plan.ngrouped; j < nvalid; ++j) total += static_cast<double>(table_size(plan.box(plan.roi(j)), s));
     int p = 0;
     for (std::int64_t j = plan.ngrouped; j < nvalid; ++j) {
-      while (p < threads && seen * threads >= total * p) dense_begin[static_cast<std::size_t>(p++)] = j;
-      seen += table_size(plan.box(plan.roi(j)), s);
+      while (p < dense_parts && seen * dense_parts >= total * p) dense_begin[static_cast<std::size_t>(p++)] = j;
+      seen += static_cast<double>(table_size(plan.box(plan.roi(j)), s));
     }
     dense_begin[0] = plan.ngrouped;
+    for (int q = 0; q < dense_parts; ++q) {
+      std::int64_t largest = 0;
+      for (std::int64_t j = dense_begin[static_cast<std::size_t>(q)]; j < dense_begin[static_cast<std::size_t>(q) + 1]; ++j)
+        largest = std::max(largest, table_size(plan.box(plan.roi(j)), s));
+      scratch[static_cast<std::size_t>(q)] = make_samples<A>(largest);
+    }
   }
-  std::vector<std::vector<Sample<A>>> scratch(static_cast<std::size_t>(nvalid > plan.ngrouped ? threads : 0));
-  for (auto& t : scratch) t.resize(static_cast<std::size_t>(dense_largest));
 
   parallel_for(s.K, 64, threads, [&](std::int64_t kb, std::int64_t ke) {
     for (std::int64_t k = kb; k < ke; ++k)
@@ -425,8 +434,8 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
   });
 
   const std::int64_t groups = s.C / G, units = groups + s.C % G;  // tail channels one by one
-  const std::int64_t parts = std::max<std::int64_t>(1, (4 * static_cast<std::int64_t>(threads) + units - 1) / units);
-  for (std::int64_t b = 0; b < plan.blocks(); ++b) {
+  const std::int64_t parts = std::max<std::int64_t>(1, (4 * static_cast<std::int64_t>(threads) + units - 1) / std::max<std::int64_t>(units, 1));
+  for (std::int64_t b = 0; b < plan.blocks() && units > 0; ++b) {
     const std::int64_t jb = plan.block_begin[static_cast<std::size_t>(b)];
     const std::int64_t je = plan.block_begin[static_cast<std::size_t>(b) + 1];
     plan.fill_block(b, s, in, threads);
@@ -442,10 +451,10 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
       }
     });
   }
-  if (nvalid > plan.ngrouped)
-    parallel_for(threads, 1, threads, [&](std::int64_t pb, std::int64_t pe) {
+  if (dense_parts > 0)
+    parallel_for(dense_parts, 1, dense_parts, [&](std::int64_t pb, std::int64_t pe) {
       for (std::int64_t p = pb; p < pe; ++p) {
-        Sample<A>* q = scratch[static_cast<std::size_t>(p)].data();
+        Sample<A>* q = scratch[static_cast<std::size_t>(p)].get();
         for (std::int64_t j = dense_begin[static_cast<std::size_t>(p)]; j < dense_begin[static_cast<std::size_t>(p) + 1]; ++j) {
           const std::int64_t k = plan.roi(j);
           fill_roi_samples(plan.box(k), s, in.s2, in.s3, q);
@@ -539,9 +548,11 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
 /// the group's planes of the accumulator stay in the core's cache while every roi of the image
 /// adds to them; threads own groups), or rois outermost with each thread's channel range (a roi's
 /// table built once per thread and kept in cache). Both keep every plane's order of adds.
-template <class T, class V, class Target>
+/// prepare() (zeroing the accumulator) runs once everything is allocated: an allocation failure
+/// leaves grad_input as it was.
+template <class T, class V, class Target, class Prepare>
 void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* target, const detail::Strides4& ts,
-                      int narrow) {
+                      int narrow, Prepare&& prepare) {
   using A = acc_t<T>;
   const detail::RoiAlignShape& s = call.shape;
   const auto go = strides4(call.pooled);
@@ -579,6 +590,7 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
   // interleave with all the others, so a group would touch every line of the image
   if (ts.s1 >= s.H * s.W && total.group < total.roi) {
     plan.arrange(s, [](const RoiBox<A>&) { return true; });
+    prepare();
     const std::int64_t groups = s.C / G, units = groups + s.C % G;  // tail channels one by one
     for (std::int64_t b = 0; b < plan.blocks(); ++b) {
       const std::int64_t jb = plan.block_begin[static_cast<std::size_t>(b)];
@@ -594,12 +606,24 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
     }
     return;
   }
-  const detail::RoiSource rois = roi_source(call.rois);
-  parallel_for(s.C, 1, threads, [&](std::int64_t cb, std::int64_t ce) {
-    RoiTable<A> t;
-    for (std::int64_t k = 0; k < s.K; ++k) {
-      build_roi_table(rois, k, s, ts.s2, ts.s3, t);
-      if (t.box.batch >= 0) scatter_channels(k, t.box, t.samples.data(), cb, ce - cb, 16);
+  // rois outermost: part p owns channels [C p / parts, C (p + 1) / parts) and builds every roi's
+  // table in its own buffer (sized to the largest roi)
+  const auto parts = static_cast<int>(std::min<std::int64_t>(threads, s.C));
+  std::int64_t largest = 0;
+  for (const RoiBox<A>& b : plan.boxes) largest = std::max(largest, table_size(b, s));
+  std::vector<std::unique_ptr<Sample<A>[]>> tables(static_cast<std::size_t>(parts));
+  for (auto& t : tables) t = make_samples<A>(largest);
+  prepare();
+  parallel_for(parts, 1, parts, [&](std::int64_t pb, std::int64_t pe) {
+    for (std::int64_t p = pb; p < pe; ++p) {
+      const std::int64_t cb = s.C * p / parts, ce = s.C * (p + 1) / parts;
+      Sample<A>* q = tables[static_cast<std::size_t>(p)].get();
+      for (std::int64_t k = 0; k < s.K; ++k) {
+        const RoiBox<A>& box = plan.box(k);
+        if (box.batch < 0) continue;
+        fill_roi_samples(box, s, ts.s2, ts.s3, q);
+        scatter_channels(k, box, q, cb, ce - cb, 16);
+      }
     }
   });
 }
@@ -820,15 +844,18 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
     const detail::RoiAlignShape& s = call.shape;
     switch (opt.mode) {
       case BackwardMode::kAtomic:
-        zero_fill<T>(call.features, ctx);
-        if (s.K > 0) scatter_backward<T, acc_t<T>, T>(call, ctx, static_cast<T*>(call.features.data), strides4(call.features), 0);
+        if (s.K == 0) zero_fill<T>(call.features, ctx);
+        else
+          scatter_backward<T, acc_t<T>, T>(call, ctx, static_cast<T*>(call.features.data), strides4(call.features), 0,
+                                           [&] { zero_fill<T>(call.features, ctx); });
         break;
       case BackwardMode::kTruncated: {
         // Accumulate in a contiguous NCHW double buffer, then round each sum once.
         auto* buf = static_cast<double*>(ws.data);
         const detail::Strides4 bs{s.C * s.H * s.W, s.H * s.W, s.W, 1};
-        if (s.K > 0) std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0);
-        if (s.K > 0) scatter_backward<T, double, double>(call, ctx, buf, bs, narrow_code(opt));
+        if (s.K > 0)
+          scatter_backward<T, double, double>(call, ctx, buf, bs, narrow_code(opt),
+                                              [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         T* gi = static_cast<T*>(call.features.data);
         if (s.K == 0) zero_fill<T>(call.features, ctx);
         else for_each_element<T>(call.features, ctx, [&](std::int64_t off, std::int64_t lin) { gi[off] = from_double<T>(buf[lin]); });
