@@ -309,7 +309,9 @@ TEST_P(SyncBnCuda, ForwardAndBackwardEqualCpuBitwise) {
 /// The phases on one rank: the records and the exponents are the same words.
 TEST_P(SyncBnCuda, RecordsEqualCpuBitwise) {
   DETOPS_REQUIRE_GPU();
-  const auto [dt, lay, mode] = GetParam();
+  const DType dt = std::get<0>(GetParam());
+  const Lay lay = std::get<1>(GetParam());
+  const SyncBnMode mode = std::get<2>(GetParam());  // a variable, not a binding: the lambda below captures it (C++17)
   const bool exact = mode == SyncBnMode::kExact;
   std::uint64_t seed = 9000;
   for (const Shape& s : kShapes) {
