@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "internal/common.h"
+#include "internal/cpu_isa.h"
 #include "internal/roi_align_backend.h"
 
 namespace detops {
@@ -140,59 +141,42 @@ void pool_invalid_roi(const detail::RoiAlignShape& s, const detail::Strides4& os
       }
 }
 
-/// NHWC: per roi, bins outermost and channels innermost and contiguous (vectorizes).
-template <class T>
-void forward_channels_last(const RoiAlignCall& call, const Context& ctx) {
-  using A = acc_t<T>;
-  const ForwardViews<T> v(call);
-  const detail::RoiAlignShape& s = v.s;
-  const detail::Strides4 &in = v.in, &out = v.os, &am = v.as;
+/// A variant's entry points (roi_align_cpu_kernels.inc).
+struct RoiCpuKernels {
+  void (*forward_channels_last)(const RoiAlignCall& call, const Context& ctx);
+};
 
-  parallel_for(s.K, 1, ctx.resolved_threads(), [&](std::int64_t kb, std::int64_t ke) {
-    RoiTable<A> t;
-    std::vector<A> acc(static_cast<std::size_t>(s.C));
-    std::vector<std::int32_t> best_index(acc.size());
-    for (std::int64_t k = kb; k < ke; ++k) {
-      build_roi_table(v.rois, k, s, in.s2, in.s3, t);
-      const PooledRoi<T> r = v.pooled(k);
-      if (t.box.batch < 0) {
-        pool_invalid_roi(s, out, am, r);
-        continue;
-      }
-      const T* base = v.input + t.box.batch * in.s0;
-      for (std::int64_t ph = 0; ph < s.PH; ++ph)
-        for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-          const Sample<A>* q = t.samples.data() + (ph * s.PW + pw) * t.per_bin;
-          std::fill(acc.begin(), acc.end(), A(0));
-          std::fill(best_index.begin(), best_index.end(), -1);
-          for (std::int64_t i = 0; i < t.per_bin; ++i) {
-            const Sample<A>& p = q[i];
-            if (!call.max_pool) {
-              if (!p.valid) continue;
-              const Corners o = corners(p, in.s2, in.s3);
-              const T *p1 = base + o.o1, *p2 = base + o.o2, *p3 = base + o.o3, *p4 = base + o.o4;
-              for (std::int64_t c = 0; c < s.C; ++c)
-                acc[c] += p.w1 * to_acc(p1[c]) + p.w2 * to_acc(p2[c]) + p.w3 * to_acc(p3[c]) + p.w4 * to_acc(p4[c]);
-            } else {
-              const Corners o = corners(p, in.s2, in.s3);
-              for (std::int64_t c = 0; c < s.C; ++c) {
-                const A v = p.valid ? p.w1 * to_acc(base[o.o1 + c]) + p.w2 * to_acc(base[o.o2 + c]) +
-                                          p.w3 * to_acc(base[o.o3 + c]) + p.w4 * to_acc(base[o.o4 + c])
-                                    : A(0);
-                if (detail::max_pool_takes(v, acc[c], best_index[c])) {
-                  acc[c] = v;
-                  best_index[c] = p.index;
-                }
-              }
-            }
-          }
-          T* o = r.out + ph * out.s2 + pw * out.s3;
-          for (std::int64_t c = 0; c < s.C; ++c) o[c] = from_acc<T>(call.max_pool ? acc[c] : acc[c] / t.box.count);
-          if (r.argmax)
-            for (std::int64_t c = 0; c < s.C; ++c) r.argmax[c * am.s1 + ph * am.s2 + pw * am.s3] = best_index[c];
-        }
-    }
-  });
+}  // namespace
+
+namespace ra_baseline {
+#include "roi_align_cpu_kernels.inc"
+}  // namespace ra_baseline
+
+#if DETOPS_X86_ISA_VARIANTS
+DETOPS_ISA_BEGIN(DETOPS_ISA_AVX2_TARGETS)
+namespace ra_avx2 {
+#include "roi_align_cpu_kernels.inc"
+}  // namespace ra_avx2
+DETOPS_ISA_END
+
+DETOPS_ISA_BEGIN(DETOPS_ISA_AVX512_TARGETS)
+namespace ra_avx512 {
+#include "roi_align_cpu_kernels.inc"
+}  // namespace ra_avx512
+DETOPS_ISA_END
+#else
+namespace ra_avx2 {
+using ra_baseline::kKernels;
+}
+namespace ra_avx512 {
+using ra_baseline::kKernels;
+}
+#endif
+
+namespace {
+
+const RoiCpuKernels& kernels(const Context& ctx) {
+  return kernels_for(ctx, ra_baseline::kKernels, ra_avx2::kKernels, ra_avx512::kKernels);
 }
 
 /// Pools G planes (channels c .. c + G - 1 of one image) over every bin of one roi. Each table
@@ -464,14 +448,6 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
     });
 }
 
-template <class T>
-void forward_typed(const RoiAlignCall& call, const Context& ctx) {
-  const bool channels_last = strides4(call.features).s1 == 1 && strides4(call.pooled).s1 == 1 && call.shape.C > 1;
-  if (channels_last)
-    forward_channels_last<T>(call, ctx);
-  else
-    forward_planes<T>(call, ctx);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Backward helpers
@@ -817,7 +793,11 @@ RoiCheck roi_align_check_rois_cpu(const RoiAlignCall& call, bool need_total) {
 }
 
 void roi_align_forward_cpu(const RoiAlignCall& call, const Context& ctx) {
-  dispatch_floating(call.features.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx); });
+  const bool channels_last = strides4(call.features).s1 == 1 && strides4(call.pooled).s1 == 1 && call.shape.C > 1;
+  if (channels_last)
+    kernels(ctx).forward_channels_last(call, ctx);
+  else
+    dispatch_floating(call.features.dtype, [&](auto tag) { forward_planes<decltype(tag)>(call, ctx); });
 }
 
 std::size_t roi_align_backward_workspace_cpu(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <cmath>
 #include <functional>
@@ -315,6 +316,42 @@ TEST(RoiAlignCpuSemantics, CallerWorkspaceOverlappingATensorIsRejected) {
   EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{go + 8, bytes}), Error);
   auto* rois = static_cast<unsigned char*>(w.rois.view().data);
   EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{rois, bytes}), Error);
+}
+
+// The channels-last forward is compiled once per instruction set (src/roi_align_cpu_kernels.inc):
+// every variant gives the baseline's bits, for every dtype, both pooling modes, adaptive and fixed
+// sampling, with inf and NaN in the input (NaN payloads must agree too).
+TEST(RoiAlignCpuForward, InstructionSetVariantsGiveTheSameBits) {
+  std::vector<CpuIsa> variants;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+    else std::printf("[ note ] this CPU has no %s: that variant is not compared\n", cpu_isa_name(isa));
+  }
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16})
+    for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax})
+      for (std::int64_t sr : {0, 2}) {
+        Workload w = detection_workload(dt, Layout::kNHWC, pool, sr);
+        std::vector<double> v = to_vector(w.input);
+        v[17] = std::numeric_limits<double>::infinity();
+        v[4000] = std::numeric_limits<double>::quiet_NaN();
+        Tensor input = make_tensor({2, 16, 50, 68}, dt, v, Layout::kNHWC);
+        auto forward = [&](CpuIsa isa, Tensor& am) {
+          Context ctx;
+          ctx.num_threads = 2;
+          ctx.cpu_isa = isa;
+          EXPECT_EQ(ctx.resolved_cpu_isa(), isa);
+          Tensor out = Tensor::empty({w.rois.size(0), 16, 7, 7}, dt, Device::cpu(), Layout::kNHWC);
+          roi_align_forward(input, w.rois, out, w.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
+          return out;
+        };
+        Tensor am0 = Tensor::empty({w.rois.size(0), 16, 7, 7}, DType::kInt32, Device::cpu(), Layout::kNHWC);
+        const Tensor base = forward(CpuIsa::kBaseline, am0);
+        for (CpuIsa isa : variants) {
+          Tensor am = Tensor::empty({w.rois.size(0), 16, 7, 7}, DType::kInt32, Device::cpu(), Layout::kNHWC);
+          EXPECT_TRUE(test::same_bytes(forward(isa, am), base)) << dtype_name(dt) << " " << cpu_isa_name(isa);
+          if (pool == PoolMode::kMax) EXPECT_TRUE(test::same_bytes(am, am0)) << "argmax " << cpu_isa_name(isa);
+        }
+      }
 }
 
 TEST(RoiAlignCpuSemantics, WorkspaceQueryForMaxPoolingNeedsNoArgmax) {
