@@ -144,6 +144,9 @@ void pool_invalid_roi(const detail::RoiAlignShape& s, const detail::Strides4& os
 /// A variant's entry points (roi_align_cpu_kernels.inc).
 struct RoiCpuKernels {
   void (*forward_channels_last)(const RoiAlignCall& call, const Context& ctx);
+  /// Phase 3 of the exact backward with channels innermost: ga is the detail::GatherArgs<T> of
+  /// the dtype.
+  void (*exact_runs_channels_last)(DType dtype, const void* ga, std::int64_t C, std::int64_t runs, int threads);
 };
 
 }  // namespace
@@ -713,25 +716,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
   const bool vector_channels = ga.gi.s1 == 1 && ga.go_c == 1 && s.C > 1;
   if (vector_channels) {
-    parallel_for(runs, 256, threads, [&](std::int64_t lo, std::int64_t hi) {
-      std::vector<A> acc(static_cast<std::size_t>(s.C));
-      for (std::int64_t run = lo; run < hi; ++run) {
-        std::fill(acc.begin(), acc.end(), A(0));
-        const std::int64_t begin = ga.run_offsets[run], end = begin + ga.run_lengths[run];
-        for (std::int64_t r = begin; r < end; ++r) {
-          const T* g = ga.grad_output + ga.go_offsets[r];
-          const A w = ga.weights[r];
-          if (!ga.max_pool) {
-            for (std::int64_t c = 0; c < s.C; ++c) acc[c] = acc[c] + to_acc(g[c]) * w;
-          } else {
-            for (std::int64_t c = 0; c < s.C; ++c)
-              if (detail::exact_slot_active(ga, r, c)) acc[c] = acc[c] + to_acc(g[c]) * w;
-          }
-        }
-        T* out = ga.grad_input + detail::exact_run_target(ga, ga.run_keys[run]);
-        for (std::int64_t c = 0; c < s.C; ++c) out[c] = from_acc<T>(acc[c]);
-      }
-    });
+    kernels(ctx).exact_runs_channels_last(call.features.dtype, &ga, s.C, runs, threads);
   } else {
     // Channel blocks: each slot is loaded once per block instead of once per channel; the order
     // of additions within every channel is still the slot order, so the bits do not change.

@@ -318,9 +318,9 @@ TEST(RoiAlignCpuSemantics, CallerWorkspaceOverlappingATensorIsRejected) {
   EXPECT_THROW(roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, {}, {}, Workspace{rois, bytes}), Error);
 }
 
-// The channels-last forward is compiled once per instruction set (src/roi_align_cpu_kernels.inc):
-// every variant gives the baseline's bits, for every dtype, both pooling modes, adaptive and fixed
-// sampling, with inf and NaN in the input (NaN payloads must agree too).
+// The channels-last forward and exact backward run sums are compiled once per instruction set
+// (src/roi_align_cpu_kernels.inc): every variant gives the baseline's bits, for every dtype, both
+// pooling modes, adaptive and fixed sampling, with inf and NaN in the data (NaN payloads too).
 TEST(RoiAlignCpuForward, InstructionSetVariantsGiveTheSameBits) {
   std::vector<CpuIsa> variants;
   for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
@@ -346,10 +346,28 @@ TEST(RoiAlignCpuForward, InstructionSetVariantsGiveTheSameBits) {
         };
         Tensor am0 = Tensor::empty({w.rois.size(0), 16, 7, 7}, DType::kInt32, Device::cpu(), Layout::kNHWC);
         const Tensor base = forward(CpuIsa::kBaseline, am0);
+        // the exact backward's run sums (channels innermost), with inf and NaN among the gradients
+        std::vector<double> g = to_vector(w.grad_output);
+        g[3] = -std::numeric_limits<double>::infinity();
+        g[999] = std::numeric_limits<double>::quiet_NaN();
+        const Tensor grad_output = make_tensor({w.rois.size(0), 16, 7, 7}, dt, g, Layout::kNHWC);
+        auto backward = [&](CpuIsa isa) {
+          Context ctx;
+          ctx.num_threads = 2;
+          ctx.cpu_isa = isa;
+          RoiAlignBackwardOptions b;
+          b.mode = BackwardMode::kExact;
+          Tensor gi = Tensor::empty({2, 16, 50, 68}, dt, Device::cpu(), Layout::kNHWC);
+          roi_align_backward(grad_output, w.rois, gi, w.opt, b, ctx, pool == PoolMode::kMax ? am0.view() : TensorView{});
+          return gi;
+        };
+        const Tensor base_gi = backward(CpuIsa::kBaseline);
         for (CpuIsa isa : variants) {
           Tensor am = Tensor::empty({w.rois.size(0), 16, 7, 7}, DType::kInt32, Device::cpu(), Layout::kNHWC);
           EXPECT_TRUE(test::same_bytes(forward(isa, am), base)) << dtype_name(dt) << " " << cpu_isa_name(isa);
           if (pool == PoolMode::kMax) EXPECT_TRUE(test::same_bytes(am, am0)) << "argmax " << cpu_isa_name(isa);
+          EXPECT_TRUE(test::same_bytes(backward(isa), base_gi)) << "exact backward " << dtype_name(dt) << " "
+                                                                << cpu_isa_name(isa);
         }
       }
 }
