@@ -1,10 +1,14 @@
 // CPU backend of RoIAlign. Geometry and weights come from include/detops/detail (the same helpers
 // the CUDA kernels call); this file only decides loop order, threading and memory layout:
 //  - forward: per roi, a table of bilinear samples per bin is built once and reused for every
-//    channel (channels innermost and vectorizable for NHWC, planes outermost for NCHW);
-//  - atomic/truncated backward: threads own disjoint channel ranges and scatter without races;
+//    channel. NHWC: channels innermost and vectorized (roi_align_cpu_kernels.inc, compiled per
+//    instruction set). NCHW: plane groups outermost over blocks of sparse rois (the group's
+//    planes stay cached while every roi of the image reads them), dense rois one by one;
+//  - atomic/truncated backward: threads own disjoint channels (plane groups or ranges) and
+//    scatter without races, every plane's adds in roi order;
 //  - exact backward: the shared enumerate body, a stable counting sort, then the shared
 //    fixed-order run sum, so results equal the CUDA backend's bit for bit.
+// docs/design.md ("CPU backend") has the why and the measurements.
 #include <algorithm>
 #include <cstring>
 #include <memory>
