@@ -77,17 +77,16 @@ void fill_roi_samples(const RoiBox<A>& box, const detail::RoiAlignShape& s, std:
         for (std::int64_t ix = 0; ix < box.grid_w; ++ix, ++i) {
           const A x = detail::sample_coord(box.start_w, box.bin_w, pw, ix, box.grid_w);
           const Bilinear<A> b = detail::bilinear(y, x, s.H, s.W);
-          Sample<A>& q = out[i];
+          Sample<A>& q = out[i];  // every field written: tables are not zero-initialized
           q.valid = b.valid;
           q.index = static_cast<std::int32_t>(iy * box.grid_w + ix);
-          if (!b.valid) continue;
-          q.o1 = b.y_low * sh + b.x_low * sw;
-          q.step_x = b.x_high != b.x_low;
-          q.step_y = b.y_high != b.y_low;
-          q.w1 = b.w1;
-          q.w2 = b.w2;
-          q.w3 = b.w3;
-          q.w4 = b.w4;
+          q.o1 = b.valid ? b.y_low * sh + b.x_low * sw : 0;
+          q.step_x = b.valid && b.x_high != b.x_low;
+          q.step_y = b.valid && b.y_high != b.y_low;
+          q.w1 = b.valid ? b.w1 : A(0);
+          q.w2 = b.valid ? b.w2 : A(0);
+          q.w3 = b.valid ? b.w3 : A(0);
+          q.w4 = b.valid ? b.w4 : A(0);
         }
       }
 }
