@@ -10,7 +10,8 @@ SECONDS=0
 
 # ---------------------------------------------------------------------------------------------
 # Reliability stages (issue 6), after the two of scripts/test.sh (which calls this script):
-#   3. build-fuzz/: clang, libFuzzer + ASan + UBSan: each fuzz target (tests/fuzz) runs for
+#   3. build-fuzz/: clang, libFuzzer + ASan + UBSan: builds every target (the only clang build of
+#      the tests), then each fuzz target (tests/fuzz) runs for
 #      DETOPS_FUZZ_SECONDS (45) from a scratch copy of its committed corpus (plus the regression
 #      inputs), DETOPS_FUZZ_JOBS (nproc) at a time; any crash, sanitizer report or failed check
 #      fails the stage (inputs land in build-fuzz/fuzz-artifacts/);
@@ -33,6 +34,9 @@ else
   fi
   cmake --preset fuzz
   cmake --build --preset fuzz -j "$jobs"
+  # every other target too (the tests): the only clang build of them, so code that GCC accepts
+  # and clang rejects (e.g. a lambda capturing a structured binding in C++17) fails here
+  cmake --build build-fuzz -j "$jobs"
   fuzz_seconds=${DETOPS_FUZZ_SECONDS:-45}
   fuzz_jobs=${DETOPS_FUZZ_JOBS:-$jobs}
   fuzz_tmp=$(mktemp -d)
