@@ -13,6 +13,81 @@
 namespace detops {
 namespace {
 
+// The straightforward branchy float -> half conversion (the library's until the branch-free one
+// replaced it), kept as the reference: the library's must give the same bits for every float.
+std::uint16_t reference_float_to_half_bits(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u)  // inf or NaN (NaN quiet, top 10 payload bits)
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0u));
+  if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
+  if (absx < 0x38800000u) {                                                   // subnormal or zero
+    if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);           // < 2^-25 rounds to 0
+    const std::uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126u - (absx >> 23);
+    std::uint32_t h = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  std::uint32_t h = (absx - 0x38000000u) >> 13;
+  const std::uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+// Every float whose conversion can be anything but 0, inf or NaN (|f| in [2^-26, 2^16]: 42
+// exponents, every significand), every NaN and inf, and the rest (and the negative floats,
+// which differ only in the sign bit) in a stride coprime with the significand bits.
+TEST(DTypeHalf, EveryFloatConvertsLikeTheReference) {
+  std::uint64_t mismatches = 0, checked = 0;
+  std::uint32_t first = 0;
+  auto check = [&](std::uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    const bool bad = detail::float_to_half_bits(f) != reference_float_to_half_bits(f);
+    if (bad && !mismatches) first = b;
+    mismatches += bad;
+    ++checked;
+  };
+  for (std::uint32_t b = 0x32800000u; b < 0x47800000u; ++b) check(b);    // exhaustive: 2^-26 .. 2^16
+  for (std::uint32_t b = 0x7f800000u; b <= 0x7fffffffu; ++b) check(b);   // inf and every NaN
+  for (std::uint64_t b = 0; b < (std::uint64_t{1} << 32); b += 251) check(static_cast<std::uint32_t>(b));
+  EXPECT_EQ(mismatches, 0u) << "of " << checked << "; first mismatching float bits 0x" << std::hex << first;
+}
+
+// The branchy double -> float round-to-odd, as reference for the branch-free one.
+float reference_round_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (!(static_cast<double>(f) != d)) return f;
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) u -= 1u;
+  u |= 1u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+TEST(DTypeHalf, RoundToOddMatchesTheReference) {
+  std::mt19937_64 rng(11);
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; };
+  for (int i = 0; i < 4000000; ++i) {
+    std::uint64_t b = rng();
+    if (i % 2) b = (b & 0x800fffffffffffffull) | ((std::uint64_t{0x340} + b % 0x180) << 52);  // float's range
+    if (i % 5 == 0) b &= ~std::uint64_t{0x1fffffff};  // exactly representable in float
+    double d;
+    std::memcpy(&d, &b, 8);
+    ASSERT_TRUE(same(detail::double_to_float_round_odd(d), reference_round_odd(d))) << std::hexfloat << d;
+  }
+  for (double d : {0.0, -0.0, 1e300, -1e300, 3.4028235677973366e38, 3.4028235e38, 1e-320,
+                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::denorm_min()})
+    EXPECT_TRUE(same(detail::double_to_float_round_odd(d), reference_round_odd(d))) << d;
+}
+
 TEST(DTypeHalf, EveryBitPatternRoundTrips) {
   for (std::uint32_t b = 0; b < 65536; ++b) {
     const Half h = Half::from_bits(static_cast<std::uint16_t>(b));

@@ -365,7 +365,9 @@ TEST(RoiAlignCpuForward, InstructionSetVariantsGiveTheSameBits) {
         for (CpuIsa isa : variants) {
           Tensor am = Tensor::empty({w.rois.size(0), 16, 7, 7}, DType::kInt32, Device::cpu(), Layout::kNHWC);
           EXPECT_TRUE(test::same_bytes(forward(isa, am), base)) << dtype_name(dt) << " " << cpu_isa_name(isa);
-          if (pool == PoolMode::kMax) EXPECT_TRUE(test::same_bytes(am, am0)) << "argmax " << cpu_isa_name(isa);
+          if (pool == PoolMode::kMax) {
+            EXPECT_TRUE(test::same_bytes(am, am0)) << "argmax " << cpu_isa_name(isa);
+          }
           EXPECT_TRUE(test::same_bytes(backward(isa), base_gi)) << "exact backward " << dtype_name(dt) << " "
                                                                 << cpu_isa_name(isa);
         }

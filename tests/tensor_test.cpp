@@ -1,8 +1,16 @@
 // TensorView and Tensor: strides, layouts read from strides, descriptions used in messages,
-// layout conversion, and the CPU-only build's answer for CUDA tensors.
+// layout conversion, and the CPU-only build's answer for CUDA tensors; the CPU parallel loop
+// every op runs on.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <vector>
+
 #include "detops/detops.h"
+#include "internal/common.h"
 #include "test_util.h"
 
 namespace detops {
@@ -65,6 +73,50 @@ TEST(Context, ResolvedThreads) {
   EXPECT_GE(c.resolved_threads(), 1);
   c.num_threads = 3;
   EXPECT_EQ(c.resolved_threads(), 3);
+}
+
+// A thread starter that refuses after `allowed` threads, as std::thread does at a resource limit.
+struct StartAtMost {
+  int allowed;
+  bool bad_alloc = false;
+  int started = 0;
+  template <class Fn>
+  void operator()(std::vector<std::thread>& pool, Fn&& fn) {
+    if (started == allowed) {
+      if (bad_alloc) throw std::bad_alloc();
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    }
+    ++started;
+    pool.emplace_back(std::forward<Fn>(fn));
+  }
+};
+
+TEST(ParallelFor, ChunksOfThreadsThatCannotStartRunOnTheCaller) {
+  constexpr std::int64_t n = 1000;
+  for (const bool bad_alloc : {false, true})
+    for (int allowed = 0; allowed <= 4; ++allowed) {
+      std::vector<std::atomic<int>> hits(n);
+      StartAtMost start{allowed, bad_alloc};
+      internal::parallel_for_with(start, n, 1, 5, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)]++;
+      });
+      EXPECT_EQ(start.started, allowed);
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i << " " << allowed;
+    }
+}
+
+TEST(ParallelFor, AnErrorOfAnyChunkReachesTheCallerAfterEveryChunkRan) {
+  for (int allowed : {0, 2, 4}) {
+    std::atomic<int> ran{0};
+    StartAtMost start{allowed};
+    EXPECT_THROW(internal::parallel_for_with(start, 5, 1, 5,
+                                             [&](std::int64_t b, std::int64_t) {
+                                               ran++;
+                                               if (b == 3) throw std::runtime_error("chunk 3");
+                                             }),
+                 std::runtime_error);
+    EXPECT_EQ(ran.load(), 5);
+  }
 }
 
 }  // namespace

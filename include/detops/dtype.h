@@ -65,30 +65,26 @@ DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 #endif
 }
 
-// IEEE binary16, round to nearest even, with overflow to inf, subnormals and NaN preserved.
+// IEEE binary16, round to nearest even, with overflow to inf, subnormals and NaN kept (quiet, the
+// top 10 payload bits). Branch-free, so that the CPU loops storing half vectorize: every case is
+// computed and one is selected.
+//   * normal results: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest
+//     even by adding 0xfff plus the kept last bit before the shift (a carry may step into the
+//     exponent, which is the correct result);
+//   * subnormal results (|f| < 2^-14): 0.5f + |f| lies in [0.5, 1), where float's spacing is
+//     2^-24, half's subnormal spacing, so the float addition itself rounds |f| to a multiple of
+//     2^-24 (nearest even), and the bits above those of 0.5f count the multiples (2^-14 itself
+//     gives 0x400, the smallest normal half). Needs round-to-nearest, as every loop here.
 DETOPS_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) {  // inf or NaN (keep NaN quiet and non-zero payload)
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u | ((absx >> 13) & 0x3ffu) : 0u));
-  }
-  if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520
-  if (absx < 0x38800000u) {  // result is subnormal or zero (|f| < 2^-14)
-    if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);  // < 2^-25 rounds to 0
-    const std::uint32_t exp = absx >> 23;                               // 102..112
-    const std::uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 126u - exp;                              // 14..24
-    std::uint32_t h = mant >> shift;
-    const std::uint32_t rem = mant & ((1u << shift) - 1u);
-    const std::uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  // normal: rebias exponent 127 -> 15, keep 10 mantissa bits, round to nearest even
-  std::uint32_t h = ((absx - 0x38000000u) >> 13);
-  const std::uint32_t rem = absx & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  const std::uint32_t normal = (absx - 0x38000000u + 0xfffu + ((absx >> 13) & 1u)) >> 13;  // unsigned: wraps harmlessly
+  const std::uint32_t subnormal = float_bits(bits_float(absx) + 0.5f) - 0x3f000000u;
+  const std::uint32_t nan = 0x7e00u | ((absx >> 13) & 0x3ffu);
+  std::uint32_t h = absx < 0x38800000u ? subnormal : normal;
+  h = absx >= 0x477ff000u ? 0x7c00u : h;  // rounds to >= 65520: inf (and inf itself)
+  h = absx > 0x7f800000u ? nan : h;
   return static_cast<std::uint16_t>(sign | h);
 }
 
@@ -188,14 +184,15 @@ namespace detail {
 // double -> float rounded to odd: truncate, then set the last bit if anything was dropped. A
 // second rounding of the result to a format with at most 22 significand bits (half, bfloat16) is
 // then the correctly rounded double -> half/bfloat16 conversion (no double-rounding error).
+// Branch-free (selects) so that loops storing half or bfloat16 from double vectorize.
 DETOPS_HOST_DEVICE inline float double_to_float_round_odd(double d) {
   const float f = static_cast<float>(d);
-  if (!(static_cast<double>(f) != d)) return f;  // exact, or NaN
-  std::uint32_t u = float_bits(f);
+  const std::uint32_t u = float_bits(f);
   const double af = f < 0 ? -static_cast<double>(f) : static_cast<double>(f);
   const double ad = d < 0 ? -d : d;
-  if (af > ad) u -= 1u;  // rounded away from zero: step back towards zero (inf -> FLT_MAX)
-  return bits_float(u | 1u);
+  // rounded away from zero: step back towards zero (inf -> FLT_MAX); NaN is never "away"
+  const std::uint32_t towards_zero = u - (af > ad ? 1u : 0u);
+  return bits_float(static_cast<double>(f) != d ? towards_zero | 1u : u);  // inexact (or NaN): odd
 }
 }  // namespace detail
 

@@ -37,11 +37,21 @@ decltype(auto) dispatch_floating(DType t, F&& f) {
   fail(ErrorCode::kInvalidArgument, "internal: dtype {} is not floating", dtype_name(t));
 }
 
+/// Starts the worker threads of parallel_for: std::thread.
+struct StartStdThread {
+  template <class Fn>
+  void operator()(std::vector<std::thread>& pool, Fn&& fn) const {
+    pool.emplace_back(std::forward<Fn>(fn));
+  }
+};
+
 /// Runs f(begin, end) over [0, n) split into at most `threads` contiguous chunks of at least
-/// `grain` items, on std::threads started for this call (the caller's thread takes the first
-/// chunk). Chunks are disjoint, so results never depend on the thread count unless f makes them.
-template <class F>
-void parallel_for(std::int64_t n, std::int64_t grain, int threads, F&& f) {
+/// `grain` items, on threads started for this call by `start` (the caller's thread takes the
+/// first chunk). Chunks are disjoint, so results never depend on the thread count unless f makes
+/// them. When a thread cannot be started (resource limits: std::system_error, bad_alloc), the
+/// caller's thread runs the chunks left over: slower, same result, nothing left half-written.
+template <class Start, class F>
+void parallel_for_with(Start&& start, std::int64_t n, std::int64_t grain, int threads, F&& f) {
   if (n <= 0) return;
   grain = std::max<std::int64_t>(grain, 1);
   const std::int64_t chunks = std::min<std::int64_t>(std::max(threads, 1), (n + grain - 1) / grain);
@@ -59,11 +69,22 @@ void parallel_for(std::int64_t n, std::int64_t grain, int threads, F&& f) {
       errors[static_cast<std::size_t>(i)] = std::current_exception();
     }
   };
-  for (std::int64_t i = 1; i < chunks; ++i) pool.emplace_back(run, i);
+  std::int64_t started = 1;
+  try {
+    for (; started < chunks; ++started) start(pool, [&run, started] { run(started); });
+  } catch (const std::exception&) {
+    // no more threads: the chunks [started, chunks) run below on this thread
+  }
   run(0);
+  for (std::int64_t i = started; i < chunks; ++i) run(i);
   for (auto& t : pool) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+template <class F>
+void parallel_for(std::int64_t n, std::int64_t grain, int threads, F&& f) {
+  parallel_for_with(StartStdThread{}, n, grain, threads, std::forward<F>(f));
 }
 
 /// Lays out several arrays in one workspace buffer (256-byte aligned each). Call add() for every
