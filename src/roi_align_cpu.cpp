@@ -473,6 +473,33 @@ void for_each_element(const TensorView& v, const Context& ctx, F&& f) {
   });
 }
 
+/// v[n, c, y, x] = from_double<T>(buf[((n * C + c) * H + y) * W + x]) for a contiguous NCHW
+/// double buffer and a view v of any strides: the truncated mode's final rounding. Tiles of
+/// kTile positions x every channel, so that a channels-last v is written a cache-resident tile
+/// at a time (walking channel planes over the whole view wrote each line of an NHWC output
+/// once per channel it holds, far apart in time; box head NHWC, 2 threads: 467-609 -> 320-411
+/// ms for the whole truncated backward).
+template <class T>
+void store_rounded(const double* buf, const TensorView& v, const Context& ctx) {
+  constexpr std::int64_t kTile = 64;
+  const std::int64_t N = v.sizes[0], C = v.sizes[1], W = v.sizes[3], HW = v.sizes[2] * W;
+  const std::int64_t tiles = (HW + kTile - 1) / kTile;
+  T* out = static_cast<T*>(v.data);
+  parallel_for(N * tiles, 1, ctx.resolved_threads(), [&](std::int64_t b, std::int64_t e) {
+    std::int64_t off[kTile];
+    for (std::int64_t i = b; i < e; ++i) {
+      const std::int64_t n = i / tiles, p0 = i % tiles * kTile, len = std::min(kTile, HW - p0);
+      for (std::int64_t j = 0; j < len; ++j)
+        off[j] = n * v.strides[0] + (p0 + j) / W * v.strides[2] + (p0 + j) % W * v.strides[3];
+      for (std::int64_t c = 0; c < C; ++c) {
+        const double* src = buf + (n * C + c) * HW + p0;
+        T* dst = out + c * v.strides[1];
+        for (std::int64_t j = 0; j < len; ++j) dst[off[j]] = from_double<T>(src[j]);
+      }
+    }
+  });
+}
+
 template <class T>
 void zero_fill(const TensorView& v, const Context& ctx) {
   T* p = static_cast<T*>(v.data);
@@ -824,9 +851,8 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
         if (s.K > 0)
           scatter_backward<T, double, double>(call, ctx, buf, bs, narrow_code(opt),
                                               [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
-        T* gi = static_cast<T*>(call.features.data);
         if (s.K == 0) zero_fill<T>(call.features, ctx);
-        else for_each_element<T>(call.features, ctx, [&](std::int64_t off, std::int64_t lin) { gi[off] = from_double<T>(buf[lin]); });
+        else store_rounded<T>(buf, call.features, ctx);
         break;
       }
       case BackwardMode::kExact:

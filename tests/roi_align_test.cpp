@@ -374,6 +374,67 @@ TEST(RoiAlignCpuForward, InstructionSetVariantsGiveTheSameBits) {
       }
 }
 
+// Views that are neither dense NCHW nor dense NHWC (rows padded to W + 3, the padding holding
+// 0xCD bytes): the forward reading and writing them, and every backward mode writing grad_input
+// through one, give the dense results bit for bit and never write the padding.
+TEST(RoiAlignCpuSemantics, PaddedViewsGiveTheDenseBits) {
+  constexpr std::int64_t kPad = 3;
+  auto padded = [](std::initializer_list<std::int64_t> sizes, DType dt) {
+    std::vector<std::int64_t> s(sizes);
+    Tensor buf = Tensor::empty({s[0], s[1], s[2], s[3] + kPad}, dt);
+    buf.fill_bytes(0xCD);
+    return buf;
+  };
+  auto view_of = [](const Tensor& buf) {
+    TensorView v = buf.view();
+    v.sizes[3] -= kPad;
+    return v;
+  };
+  auto padding_untouched = [](const Tensor& buf) {
+    const auto* b = static_cast<const unsigned char*>(buf.view().data);
+    const std::int64_t row = buf.size(3) * static_cast<std::int64_t>(dtype_size(buf.view().dtype));
+    const std::int64_t pad = kPad * static_cast<std::int64_t>(dtype_size(buf.view().dtype));
+    for (std::int64_t r = 0; r < buf.numel() / buf.size(3); ++r)
+      for (std::int64_t i = row - pad; i < row; ++i)
+        if (b[r * row + i] != 0xCD) return false;
+    return true;
+  };
+  for (DType dt : {DType::kFloat32, DType::kFloat16})
+    for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax}) {
+      const Problem p = make_problem(2, true, pool, 4321);
+      const std::int64_t PH = p.opt.pooled_height, PW = p.opt.pooled_width;
+      Context ctx;
+      ctx.num_threads = 2;
+      const Tensor input = make_tensor({p.N, p.C, p.H, p.W}, dt, p.input);
+      const Tensor in_buf = padded({p.N, p.C, p.H, p.W}, dt);
+      test::fill_from(view_of(in_buf), p.input);
+      const Tensor rois = make_tensor({p.K, 5}, DType::kFloat32, p.rois);
+      Tensor out = Tensor::empty({p.K, p.C, PH, PW}, dt), am = Tensor::empty({p.K, p.C, PH, PW}, DType::kInt32);
+      const Tensor out_buf = padded({p.K, p.C, PH, PW}, dt);
+      const Tensor am_buf = padded({p.K, p.C, PH, PW}, DType::kInt32);
+      const bool max = pool == PoolMode::kMax;
+      roi_align_forward(input, rois, out, p.opt, ctx, max ? TensorView(am) : TensorView{});
+      roi_align_forward(view_of(in_buf), rois, view_of(out_buf), p.opt, ctx, max ? view_of(am_buf) : TensorView{});
+      EXPECT_EQ(to_vector(view_of(out_buf)), to_vector(out)) << dtype_name(dt) << " " << to_string(pool);
+      EXPECT_TRUE(padding_untouched(out_buf));
+      if (max) {
+        EXPECT_EQ(to_vector(view_of(am_buf)), to_vector(am));
+        EXPECT_TRUE(padding_untouched(am_buf));
+      }
+      const Tensor grad = make_tensor({p.K, p.C, PH, PW}, dt, p.grad);
+      for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+        RoiAlignBackwardOptions b;
+        b.mode = mode;
+        Tensor gi = Tensor::empty({p.N, p.C, p.H, p.W}, dt);
+        const Tensor gi_buf = padded({p.N, p.C, p.H, p.W}, dt);
+        roi_align_backward(grad, rois, gi, p.opt, b, ctx, max ? TensorView(am) : TensorView{});
+        roi_align_backward(grad, rois, view_of(gi_buf), p.opt, b, ctx, max ? TensorView(am) : TensorView{});
+        EXPECT_EQ(to_vector(view_of(gi_buf)), to_vector(gi)) << to_string(mode) << " " << to_string(pool);
+        EXPECT_TRUE(padding_untouched(gi_buf)) << to_string(mode);
+      }
+    }
+}
+
 TEST(RoiAlignCpuSemantics, WorkspaceQueryForMaxPoolingNeedsNoArgmax) {
   const Workload w = detection_workload(DType::kFloat32, Layout::kNCHW, PoolMode::kMax, 2);
   RoiAlignBackwardOptions b;

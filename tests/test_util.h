@@ -13,8 +13,7 @@ namespace detops {
 namespace test {
 
 /// Writes NCHW-ordered values into t (any strides), converting to t's dtype (RNE).
-inline void fill_from(const Tensor& t, const std::vector<double>& v) {
-  const TensorView& w = t.view();
+inline void fill_from(const TensorView& w, const std::vector<double>& v) {
   std::int64_t sizes[kMaxRank] = {1, 1, 1, 1, 1, 1}, strides[kMaxRank] = {0, 0, 0, 0, 0, 0};
   const int off = kMaxRank - w.rank;
   for (int d = 0; d < w.rank; ++d) {
