@@ -320,8 +320,11 @@ TEST(SyncBn, LayoutsThreadsAndRunsGiveTheSameBits) {
       Context one, three;
       one.num_threads = 1;
       three.num_threads = 3;
+      Context two;
+      two.num_threads = 2;  // work-item ranges that start inside a chunk (530 channels: 2 blocks)
       const Result a = run(p, nchw, 0, p.N, nullptr, o, one);
       expect_same(a, run(p, nchw, 0, p.N, nullptr, o, three), "NCHW 1 vs 3 threads");
+      expect_same(a, run(p, nhwc, 0, p.N, nullptr, o, two), "NCHW vs NHWC 2 threads");
       expect_same(a, run(p, nhwc, 0, p.N, nullptr, o, one), "NCHW vs NHWC");
       expect_same(a, run(p, nhwc, 0, p.N, nullptr, o, three), "NCHW vs NHWC 3 threads");
       for (int i = 0; i < 3; ++i) expect_same(a, run(p, nchw, 0, p.N, nullptr, o, three), "repeat");
@@ -347,6 +350,51 @@ TEST(SyncBn, StridedViewsGiveTheSameBits) {
     EXPECT_TRUE(same_bytes(m1, m2));
     EXPECT_TRUE(same_bytes(i1, i2));
     EXPECT_TRUE(same_bytes(y1, y2));
+  }
+}
+
+// Channels-last views with padded rows (x and grad_y as [3, 530, 9, 11] inside [3, 9, 13, 530]
+// buffers): the channels-inner walks with strides that are not the dense ones, chunks spanning
+// images, 1-3 threads; forward and backward give the dense NCHW bits.
+TEST(SyncBn, PaddedChannelsLastViewsGiveTheSameBits) {
+  constexpr std::int64_t N = 3, C = 530, H = 9, W = 11, Wp = 13;
+  const Tensor xbuf = make_tensor({N, H, Wp, C}, DType::kFloat32, random_values(N * H * Wp * C, 21, -3.0, 3.0));
+  const Tensor gbuf = make_tensor({N, H, Wp, C}, DType::kFloat32, random_values(N * H * Wp * C, 22));
+  auto padded_view = [&](const Tensor& buf) {
+    return TensorView(buf.view().data, DType::kFloat32, Device::cpu(), {N, C, H, W}, {H * Wp * C, 1, Wp * C, C});
+  };
+  const TensorView xv = padded_view(xbuf), gv = padded_view(gbuf);
+  const Tensor x = make_tensor({N, C, H, W}, DType::kFloat32, to_vector(xv));
+  const Tensor g = make_tensor({N, C, H, W}, DType::kFloat32, to_vector(gv));
+  const Tensor w = make_tensor({C}, DType::kFloat32, random_values(C, 23, 0.5, 1.5));
+  const Tensor b = make_tensor({C}, DType::kFloat32, random_values(C, 24));
+  struct Out {
+    Tensor y, mean, invstd, dx, dw, db;
+  };
+  auto step = [&](const TensorView& xs, const TensorView& gs, SyncBnMode mode, int threads) {
+    SyncBnOptions o;
+    o.mode = mode;
+    Context ctx;
+    ctx.num_threads = threads;
+    Out r{Tensor::zeros({N, C, H, W}, DType::kFloat32), Tensor::zeros({C}, DType::kFloat64),
+          Tensor::zeros({C}, DType::kFloat64),         Tensor::zeros({N, C, H, W}, DType::kFloat32),
+          Tensor::zeros({C}, DType::kFloat32),         Tensor::zeros({C}, DType::kFloat32)};
+    sync_batch_norm_forward(xs, SyncBnParams{w, b, {}, {}, {}}, r.y, r.mean, r.invstd, nullptr, o, ctx);
+    sync_batch_norm_backward(gs, xs, w, r.mean, r.invstd, r.dx, r.dw, r.db, nullptr, o, ctx);
+    return r;
+  };
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    const Out a = step(x, g, mode, 1);
+    for (int threads : {1, 2, 3}) {
+      const Out c = step(xv, gv, mode, threads);
+      const std::string what = std::string(mode == SyncBnMode::kExact ? "exact " : "default ") + std::to_string(threads) + " threads";
+      EXPECT_TRUE(same_bytes(a.mean, c.mean)) << what;
+      EXPECT_TRUE(same_bytes(a.invstd, c.invstd)) << what;
+      EXPECT_TRUE(same_bytes(a.y, c.y)) << what;
+      EXPECT_TRUE(same_bytes(a.dx, c.dx)) << what;
+      EXPECT_TRUE(same_bytes(a.dw, c.dw)) << what;
+      EXPECT_TRUE(same_bytes(a.db, c.db)) << what;
+    }
   }
 }
 

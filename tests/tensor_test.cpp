@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <new>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -76,13 +77,20 @@ TEST(Context, ResolvedThreads) {
 }
 
 // A thread starter that refuses after `allowed` threads, as std::thread does at a resource limit.
+// With late_throw it throws after starting that thread (a starter that fails on its way out).
 struct StartAtMost {
   int allowed;
   bool bad_alloc = false;
+  bool late_throw = false;
   int started = 0;
   template <class Fn>
   void operator()(std::vector<std::thread>& pool, Fn&& fn) {
     if (started == allowed) {
+      if (late_throw) {
+        ++started;
+        pool.emplace_back(std::forward<Fn>(fn));
+        throw 42;  // not even a std::exception
+      }
       if (bad_alloc) throw std::bad_alloc();
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
     }
@@ -93,14 +101,14 @@ struct StartAtMost {
 
 TEST(ParallelFor, ChunksOfThreadsThatCannotStartRunOnTheCaller) {
   constexpr std::int64_t n = 1000;
-  for (const bool bad_alloc : {false, true})
+  for (const int failure : {0, 1, 2})
     for (int allowed = 0; allowed <= 4; ++allowed) {
       std::vector<std::atomic<int>> hits(n);
-      StartAtMost start{allowed, bad_alloc};
+      StartAtMost start{allowed, failure == 1, failure == 2};
       internal::parallel_for_with(start, n, 1, 5, [&](std::int64_t b, std::int64_t e) {
         for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)]++;
       });
-      EXPECT_EQ(start.started, allowed);
+      EXPECT_EQ(start.started, allowed + (failure == 2 && allowed < 4 ? 1 : 0));
       for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << i << " " << allowed;
     }
 }

@@ -1,7 +1,8 @@
 // Element types of detops tensors: DType, the 16-bit storage types Half and BFloat16, and the
 // accumulation-type trait. Conversions round to nearest even and are bit-identical on host and
-// device (the host path is portable bit manipulation, the device path the CUDA intrinsics, which
-// implement the same IEEE rounding), so CPU and CUDA results agree to the last bit.
+// device (the host path is portable, branch-free bit manipulation, which assumes the default
+// round-to-nearest mode like all host arithmetic of detops; the device path the CUDA intrinsics,
+// which implement the same IEEE rounding), so CPU and CUDA results agree to the last bit.
 #pragma once
 
 #include <cstdint>
@@ -71,16 +72,20 @@ DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 //   * normal results: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest
 //     even by adding 0xfff plus the kept last bit before the shift (a carry may step into the
 //     exponent, which is the correct result);
-//   * subnormal results (|f| < 2^-14): 0.5f + |f| lies in [0.5, 1), where float's spacing is
-//     2^-24, half's subnormal spacing, so the float addition itself rounds |f| to a multiple of
-//     2^-24 (nearest even), and the bits above those of 0.5f count the multiples (2^-14 itself
-//     gives 0x400, the smallest normal half). Needs round-to-nearest, as every loop here.
+//   * subnormal results (|f| < 2^-14; other inputs replaced by 0 first, so that no NaN or large
+//     value enters the float addition): 0.5f + |f| lies in [0.5, 1), where float's spacing is
+//     2^-24, half's subnormal spacing, so the addition itself rounds |f| to a multiple of 2^-24,
+//     and the bits above those of 0.5f count the multiples (2^-14 - tiny rounds up to 0x400, the
+//     smallest normal half, which is the correct result). That addition rounds in the current
+//     rounding mode, which must be the default round-to-nearest, as for all of detops' host
+//     arithmetic (a mode-independent formulation, by truncation and the fraction, measured 7x
+//     slower: GCC no longer vectorized the loops storing half from double).
 DETOPS_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
   const std::uint32_t normal = (absx - 0x38000000u + 0xfffu + ((absx >> 13) & 1u)) >> 13;  // unsigned: wraps harmlessly
-  const std::uint32_t subnormal = float_bits(bits_float(absx) + 0.5f) - 0x3f000000u;
+  const std::uint32_t subnormal = float_bits(bits_float(absx < 0x38800000u ? absx : 0u) + 0.5f) - 0x3f000000u;
   const std::uint32_t nan = 0x7e00u | ((absx >> 13) & 0x3ffu);
   std::uint32_t h = absx < 0x38800000u ? subnormal : normal;
   h = absx >= 0x477ff000u ? 0x7c00u : h;  // rounds to >= 65520: inf (and inf itself)

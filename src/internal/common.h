@@ -50,6 +50,7 @@ struct StartStdThread {
 /// first chunk). Chunks are disjoint, so results never depend on the thread count unless f makes
 /// them. When a thread cannot be started (resource limits: std::system_error, bad_alloc), the
 /// caller's thread runs the chunks left over: slower, same result, nothing left half-written.
+/// start(pool, fn) appends a thread running fn to pool, or throws.
 template <class Start, class F>
 void parallel_for_with(Start&& start, std::int64_t n, std::int64_t grain, int threads, F&& f) {
   if (n <= 0) return;
@@ -72,8 +73,10 @@ void parallel_for_with(Start&& start, std::int64_t n, std::int64_t grain, int th
   std::int64_t started = 1;
   try {
     for (; started < chunks; ++started) start(pool, [&run, started] { run(started); });
-  } catch (const std::exception&) {
-    // no more threads: the chunks [started, chunks) run below on this thread
+  } catch (...) {
+    // no more threads: the chunks [started, chunks) run below on this thread (unless the starter
+    // failed after its thread was in the pool: that thread runs its chunk)
+    if (static_cast<std::int64_t>(pool.size()) == started) ++started;
   }
   run(0);
   for (std::int64_t i = started; i < chunks; ++i) run(i);
