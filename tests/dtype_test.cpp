@@ -9,6 +9,7 @@
 #include <random>
 
 #include "detops/dtype.h"
+#include "internal/half_convert.h"
 
 namespace detops {
 namespace {
@@ -86,6 +87,54 @@ TEST(DTypeHalf, RoundToOddMatchesTheReference) {
                    std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
                    std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::denorm_min()})
     EXPECT_TRUE(same(detail::double_to_float_round_odd(d), reference_round_odd(d))) << d;
+}
+
+// The F16C block conversions (internal/half_convert.h) against the portable ones: every half to
+// float; to half, every third float of the range of EveryFloatConvertsLikeTheReference, every
+// seventh NaN, the rest in a stride, both signs; block lengths with tails.
+TEST(DTypeHalf, F16cConversionsEqualThePortableOnes) {
+  const internal::HalfConvert* cv = internal::half_convert_f16c(Context{});
+  if (!cv) GTEST_SKIP() << "no F16C (or no AVX2) here";
+  std::vector<Half> h(65536);
+  for (std::uint32_t b = 0; b < 65536; ++b) h[b] = Half::from_bits(static_cast<std::uint16_t>(b));
+  std::vector<float> f(65536);
+  cv->to_float(h.data(), f.data(), 65533);  // a tail of 5
+  cv->to_float(h.data() + 65533, f.data() + 65533, 3);
+  std::uint32_t bad = 0;
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float want = static_cast<float>(h[b]);
+    bad += std::memcmp(&want, &f[b], 4) != 0;
+  }
+  EXPECT_EQ(bad, 0u) << "half -> float";
+  std::uint64_t mismatches = 0;
+  std::uint32_t first = 0;
+  constexpr std::size_t kBlock = 4093;  // not a multiple of 8
+  std::vector<float> src;
+  std::vector<Half> dst(kBlock);
+  auto flush = [&] {
+    cv->to_half(src.data(), dst.data(), static_cast<std::int64_t>(src.size()));
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      if (dst[i].bits != Half(src[i]).bits) {
+        if (!mismatches) std::memcpy(&first, &src[i], 4);
+        ++mismatches;
+      }
+    }
+    src.clear();
+  };
+  auto check = [&](std::uint32_t b) {
+    for (std::uint32_t sign : {0u, 0x80000000u}) {
+      float v;
+      const std::uint32_t u = b | sign;
+      std::memcpy(&v, &u, 4);
+      src.push_back(v);
+      if (src.size() == kBlock) flush();
+    }
+  };
+  for (std::uint32_t b = 0x32800000u; b < 0x47800000u; b += 3) check(b);  // 3: every residue of the dropped bits
+  for (std::uint32_t b = 0x7f800000u; b <= 0x7fffffffu; b += 7) check(b);
+  for (std::uint64_t b = 0; b < 0x80000000u; b += 509) check(static_cast<std::uint32_t>(b));
+  flush();
+  EXPECT_EQ(mismatches, 0u) << "float -> half; first float bits 0x" << std::hex << first;
 }
 
 TEST(DTypeHalf, EveryBitPatternRoundTrips) {

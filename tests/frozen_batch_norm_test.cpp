@@ -768,6 +768,56 @@ TEST(FrozenBnCpuSemantics, ReluOfNanNegativeZeroAndExactZero) {
   EXPECT_TRUE(equal_values(test::to_vector(y2), {0.0, 0.25, 0.0}));
 }
 
+// float16 through F16C (where the CPU has it) against the portable conversions (Context::cpu_isa
+// = kBaseline), bit for bit: every epilogue, forward and backward, NCHW planes and NHWC rows
+// longer than a staging block (512) with tails, inputs with NaNs (quiet and signalling, with
+// payloads), infinities, subnormals, signed zeros and values that overflow half when scaled.
+TEST(FrozenBnCpuF16c, SameBitsAsThePortableConversions) {
+  if (static_cast<int>(cpu_isa_supported()) < static_cast<int>(CpuIsa::kAvx2))
+    GTEST_SKIP() << "no AVX2 here: the F16C path is not taken";
+  constexpr std::int64_t N = 2, C = 530, H = 3, W = 7;  // NCHW planes of 21, NHWC rows of 530
+  const std::int64_t n = N * C * H * W;
+  auto halves = [&](std::uint64_t seed) {
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
+    std::uint64_t z = seed;
+    for (auto& b : bits) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      b = static_cast<std::uint16_t>(z >> 48);  // every pattern: NaNs, infinities, subnormals, zeros
+      if ((z >> 20) % 4 != 0) b = static_cast<std::uint16_t>((b & 0x83ffu) | (((z >> 30) % 6 + 12) << 10));  // mostly O(1)
+    }
+    return bits;
+  };
+  auto tensor = [&](const std::vector<std::uint16_t>& bits, Layout layout) {
+    Tensor t = Tensor::empty({N, C, H, W}, DType::kFloat16, Device::cpu(), layout);
+    std::memcpy(t.view().data, bits.data(), bits.size() * 2);  // memory order: the values' meaning does not matter
+    return t;
+  };
+  const Tensor scale = test::make_tensor({C}, DType::kFloat32, test::random_values(C, 5, -300.0, 300.0));
+  const Tensor shift = test::make_tensor({C}, DType::kFloat32, test::random_values(C, 6, -2.0, 2.0));
+  Context portable, fast;
+  portable.cpu_isa = CpuIsa::kBaseline;
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+    const Tensor x = tensor(halves(1), layout), r = tensor(halves(2), layout), gy = tensor(halves(3), layout);
+    for (Epi epi : {Epi::kNone, Epi::kRelu, Epi::kAddRelu}) {
+      const TensorView res = epi == Epi::kAddRelu ? r.view() : TensorView{};
+      Tensor y0 = Tensor::empty({N, C, H, W}, DType::kFloat16, Device::cpu(), layout), y1 = y0.contiguous(layout);
+      frozen_batch_norm_forward(x, scale, shift, y0, epi, res, portable);
+      frozen_batch_norm_forward(x, scale, shift, y1, epi, res, fast);
+      EXPECT_TRUE(test::same_bytes(y0, y1)) << "forward " << static_cast<int>(epi);
+      Tensor gx0 = Tensor::empty({N, C, H, W}, DType::kFloat16, Device::cpu(), layout), gx1 = gx0.contiguous(layout);
+      Tensor gr0, gr1;
+      if (epi == Epi::kAddRelu) gr0 = Tensor::empty({N, C, H, W}, DType::kFloat16, Device::cpu(), layout), gr1 = gr0.contiguous(layout);
+      const TensorView yv = epi == Epi::kNone ? TensorView{} : y0.view();
+      frozen_batch_norm_backward(gy, scale, gx0, epi, yv, gr0, portable);
+      frozen_batch_norm_backward(gy, scale, gx1, epi, yv, gr1, fast);
+      EXPECT_TRUE(test::same_bytes(gx0, gx1)) << "backward " << static_cast<int>(epi);
+      if (epi == Epi::kAddRelu) {
+        EXPECT_TRUE(test::same_bytes(gr0, gr1)) << "grad_residual";
+      }
+    }
+  }
+}
+
 // ================================================================================================
 // (e) the fold, eps, from_state / state, identity
 
