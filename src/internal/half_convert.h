@@ -2,8 +2,9 @@
 // the CPU has them and the context allows AVX2 (Context::cpu_isa), else none (the loops keep the
 // portable, branch-free conversions of detops/dtype.h). F16C rounds to nearest even and turns a
 // NaN into the quiet NaN with the same top payload bits, exactly as the portable code does, so
-// the choice never changes a bit (dtype_test compares them over every half and every float of
-// half's range, FrozenBatchNorm2d's test over its outputs).
+// the choice never changes a bit (dtype_test compares them over every half and floats of half's
+// range, FrozenBatchNorm2d's test over its outputs). Neither depends on DAZ/FTZ: a float
+// denormal rounds to a signed zero half either way, half subnormals are exact normal floats.
 #pragma once
 
 #include <cstdint>
