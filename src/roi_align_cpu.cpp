@@ -473,17 +473,21 @@ void for_each_element(const TensorView& v, const Context& ctx, F&& f) {
   });
 }
 
-/// v[n, c, y, x] = from_double<T>(buf[((n * C + c) * H + y) * W + x]) for a contiguous NCHW
-/// double buffer and a view v of any strides: the truncated mode's final rounding. Tiles of
-/// kTile positions x every channel, so that a channels-last v is written a cache-resident tile
-/// at a time (walking channel planes over the whole view wrote each line of an NHWC output
-/// once per channel it holds, far apart in time; box head NHWC, 2 threads: 467-609 -> 320-411
-/// ms for the whole truncated backward).
+/// v[n, c, y, x] = from_double<T>(buf[n * bs.s0 + c * bs.s1 + y * bs.s2 + x * bs.s3]) for a
+/// contiguous double buffer, NCHW or NHWC (bs.s1 == 1), and a view v of any strides: the
+/// truncated mode's final rounding. Tiles of kTile positions x every channel, so that a
+/// channels-last v is written a cache-resident tile at a time (walking channel planes over the
+/// whole view wrote each line of an NHWC output once per channel it holds, far apart in time;
+/// box head NHWC, 2 threads: 467-609 -> 320-411 ms for the whole truncated backward). An NHWC
+/// buffer is read a row of channels at a time.
 template <class T>
-void store_rounded(const double* buf, const TensorView& v, const Context& ctx) {
+void store_rounded(const double* buf, const detail::Strides4& bs, const TensorView& v, const Context& ctx) {
   constexpr std::int64_t kTile = 64;
   const std::int64_t N = v.sizes[0], C = v.sizes[1], W = v.sizes[3], HW = v.sizes[2] * W;
   const std::int64_t tiles = (HW + kTile - 1) / kTile;
+  const std::int64_t bp = bs.s3;  // buffer stride of one position (contiguous: s2 == W * s3)
+  const std::int64_t vc = v.strides[1];
+  const bool channels_inner = bs.s1 == 1 && vc == 1 && C > 1;
   T* out = static_cast<T*>(v.data);
   parallel_for(N * tiles, 1, ctx.resolved_threads(), [&](std::int64_t b, std::int64_t e) {
     std::int64_t off[kTile];
@@ -491,10 +495,19 @@ void store_rounded(const double* buf, const TensorView& v, const Context& ctx) {
       const std::int64_t n = i / tiles, p0 = i % tiles * kTile, len = std::min(kTile, HW - p0);
       for (std::int64_t j = 0; j < len; ++j)
         off[j] = n * v.strides[0] + (p0 + j) / W * v.strides[2] + (p0 + j) % W * v.strides[3];
+      const double* src = buf + n * bs.s0 + p0 * bp;
+      if (channels_inner) {
+        for (std::int64_t j = 0; j < len; ++j) {
+          const double* row = src + j * bp;
+          T* dst = out + off[j];
+          for (std::int64_t c = 0; c < C; ++c) dst[c] = from_double<T>(row[c]);
+        }
+        continue;
+      }
       for (std::int64_t c = 0; c < C; ++c) {
-        const double* src = buf + (n * C + c) * HW + p0;
-        T* dst = out + c * v.strides[1];
-        for (std::int64_t j = 0; j < len; ++j) dst[off[j]] = from_double<T>(src[j]);
+        const double* plane = src + c * bs.s1;
+        T* dst = out + c * vc;
+        for (std::int64_t j = 0; j < len; ++j) dst[off[j]] = from_double<T>(plane[j * bp]);
       }
     }
   });
@@ -845,14 +858,19 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
                                            [&] { zero_fill<T>(call.features, ctx); });
         break;
       case BackwardMode::kTruncated: {
-        // Accumulate in a contiguous NCHW double buffer, then round each sum once.
+        // Accumulate in a contiguous double buffer laid out like grad_input (NHWC when its
+        // channels are contiguous: the scatter then adds rows of channels, as the atomic mode
+        // does in grad_input itself), then round each sum once. Each element receives its adds
+        // in the same order in either layout, so the bits do not depend on it.
         auto* buf = static_cast<double*>(ws.data);
-        const detail::Strides4 bs{s.C * s.H * s.W, s.H * s.W, s.W, 1};
+        const bool channels_last = strides4(call.features).s1 == 1 && s.C > 1;
+        const detail::Strides4 bs = channels_last ? detail::Strides4{s.H * s.W * s.C, 1, s.W * s.C, s.C}
+                                                  : detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1};
         if (s.K > 0)
           scatter_backward<T, double, double>(call, ctx, buf, bs, narrow_code(opt),
                                               [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         if (s.K == 0) zero_fill<T>(call.features, ctx);
-        else store_rounded<T>(buf, call.features, ctx);
+        else store_rounded<T>(buf, bs, call.features, ctx);
         break;
       }
       case BackwardMode::kExact:

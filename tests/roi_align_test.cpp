@@ -202,6 +202,50 @@ TEST_P(RoiAlignReproducible, ExactSameBytesForAnyThreadCountAndLayout) {
   EXPECT_TRUE(test::same_bytes(one, run_backward(w2, BackwardMode::kExact, 2, Layout::kNCHW, dt)));
 }
 
+// The scatter modes on the CPU add into each element in one order (rois, bins, samples, corners)
+// whatever the walk: thread counts, NHWC grad_input (the truncated mode's double buffer then is
+// NHWC too), NHWC grad_output and a channels-last grad_input with padded channels all give the
+// bits of the one-thread NCHW run.
+TEST_P(RoiAlignReproducible, ScatterModesSameBytesForAnyThreadCountAndLayout) {
+  const auto [dt, pool, sr] = GetParam();
+  const Workload w = detection_workload(dt, Layout::kNCHW, pool, sr);
+  const Workload w_nhwc = detection_workload(dt, Layout::kNHWC, pool, sr);
+  const std::int64_t N = w.input.size(0), C = w.input.size(1), H = w.input.size(2), W = w.input.size(3);
+  constexpr std::int64_t kPad = 2;
+  for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kTruncated}) {
+    const Tensor one = run_backward(w, mode, 1, Layout::kNCHW, dt);
+    for (int threads : {2, 3}) {
+      EXPECT_TRUE(test::same_bytes(one, run_backward(w, mode, threads, Layout::kNCHW, dt)))
+          << to_string(mode) << " " << threads << " threads";
+      EXPECT_TRUE(test::same_bytes(one, run_backward(w, mode, threads, Layout::kNHWC, dt).contiguous(Layout::kNCHW)))
+          << to_string(mode) << " NHWC, " << threads << " threads";
+      EXPECT_TRUE(test::same_bytes(one, run_backward(w_nhwc, mode, threads, Layout::kNHWC, dt).contiguous(Layout::kNCHW)))
+          << to_string(mode) << " NHWC grad_output, " << threads << " threads";
+    }
+    EXPECT_TRUE(test::same_bytes(one, run_backward(w, mode, 1, Layout::kNHWC, dt).contiguous(Layout::kNCHW)))
+        << to_string(mode) << " NHWC, 1 thread";
+    // channels-last with C + kPad channels per position; the padding stays untouched
+    Tensor buf = Tensor::empty({N, H, W, C + kPad}, dt);
+    buf.fill_bytes(0xCD);
+    const TensorView gi(buf.view().data, dt, Device::cpu(), {N, C, H, W},
+                        {H * W * (C + kPad), 1, W * (C + kPad), C + kPad});
+    Context ctx;
+    ctx.num_threads = 2;
+    RoiAlignBackwardOptions b;
+    b.mode = mode;
+    roi_align_backward(w.grad_output, w.rois, gi, w.opt, b, ctx, w.argmax);
+    Tensor dense = Tensor::empty({N, C, H, W}, dt);
+    test::fill_from(dense.view(), test::to_vector(gi));
+    EXPECT_TRUE(test::same_bytes(one, dense)) << to_string(mode) << " padded channels-last";
+    const auto* bytes = static_cast<const unsigned char*>(buf.view().data);
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt));
+    bool untouched = true;
+    for (std::int64_t pos = 0; pos < N * H * W; ++pos)
+      for (std::int64_t i = C * es; i < (C + kPad) * es; ++i) untouched = untouched && bytes[pos * (C + kPad) * es + i] == 0xCD;
+    EXPECT_TRUE(untouched) << to_string(mode) << " padding written";
+  }
+}
+
 std::string reproducible_name(const ::testing::TestParamInfo<std::tuple<DType, PoolMode, std::int64_t>>& info) {
   const auto [dt, pool, sr] = info.param;
   return std::string(dtype_name(dt)) + "_" + to_string(pool) + (sr > 0 ? "_sr2" : "_adaptive");
