@@ -320,14 +320,16 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
   cudaStream_t stream = stream_of(ctx);
   const detail::RoiAlignShape& s = call.shape;
   const detail::RoiSource rois = roi_source(call.rois);
+  // A forward call only validates: no per-roi counts, no reduction (need_total is the backward's).
   std::size_t reduce_bytes = 0;
-  DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, reduce_bytes, static_cast<const std::int64_t*>(nullptr),
-                                           static_cast<std::int64_t*>(nullptr), s.K),
-                    op);
+  if (need_total)
+    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, reduce_bytes, static_cast<const std::int64_t*>(nullptr),
+                                             static_cast<std::int64_t*>(nullptr), s.K),
+                      op);
   WorkspaceLayout l;
   l.add<unsigned long long>(1);
   l.add<std::int64_t>(1);
-  l.add<std::int64_t>(s.K);
+  l.add<std::int64_t>(need_total ? s.K : 0);
   l.add_bytes(reduce_bytes);
   Allocator& alloc = ctx.allocator ? *ctx.allocator : default_allocator();
   void* base = alloc.allocate(l.bytes(), call.features.device, ctx.cuda_stream);
@@ -342,7 +344,8 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
   l.bind(base);
   auto* first_bad = l.take<unsigned long long>();
   auto* total = l.take<std::int64_t>();
-  auto* counts = l.take<std::int64_t>();
+  std::int64_t* counts = l.take<std::int64_t>();
+  if (!need_total) counts = nullptr;  // check_kernel then only validates
   void* temp = l.take<unsigned char>();
 
   const unsigned long long none = static_cast<unsigned long long>(s.K);
@@ -352,14 +355,14 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
     check_kernel<A><<<grid_for(s.K), kBlock, 0, stream>>>(rois, s, first_bad, counts);
   });
   check_launch("check_kernel", op, ctx);
-  DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, reduce_bytes, counts, total, s.K, stream), op);
+  if (need_total) DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, reduce_bytes, counts, total, s.K, stream), op);
   unsigned long long bad = none;
   std::int64_t sum = 0;
   DETOPS_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), op);
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
+  if (need_total)
+    DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
   DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
   (void)validate;
-  (void)need_total;
 
   RoiCheck check;
   check.total_samples = sum;
@@ -367,12 +370,13 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
     // Bring the offending row to the host and re-run the shared check there for the message.
     check.bad_row = static_cast<std::int64_t>(bad);
     const std::size_t es = dtype_size(call.rois.dtype);
-    unsigned char host_row[5 * 8];
+    alignas(8) unsigned char host_row[5 * 8];  // read back as float or double
     for (int i = 0; i < 5; ++i) {
       const auto* src = static_cast<const unsigned char*>(call.rois.data) +
                         (check.bad_row * call.rois.strides[0] + i * call.rois.strides[1]) * es;
-      DETOPS_CUDA_CHECK(cudaMemcpy(host_row + i * es, src, es, cudaMemcpyDeviceToHost), op);
+      DETOPS_CUDA_CHECK(cudaMemcpyAsync(host_row + i * es, src, es, cudaMemcpyDeviceToHost, stream), op);
     }
+    DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // an error path: a second wait is fine
     detail::load_roi_row(host_row, call.rois.dtype, 1, 1, 0, check.row);
     dispatch_floating(call.features.dtype, [&](auto tag) {
       using A = acc_t<decltype(tag)>;
