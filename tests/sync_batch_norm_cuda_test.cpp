@@ -6,7 +6,8 @@
 //     CUDA device as on the CPU, for every dtype, NCHW / NHWC / a strided view, both modes, on
 //     shapes with one partial chunk per image, many chunks, H*W = 1, and no element at all;
 //   - the phases: the local records (forward and backward) and the exact mode's exponents are
-//     the same int64 words on both.
+//     the same int64 words on both;
+//   - the one-call path with every rank on a non-blocking stream of its own: the same bytes.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda_stream.h"
 #include "detops/communicator.h"
 #include "detops/sync_batch_norm.h"
 #include "test_util.h"
@@ -38,14 +40,16 @@ namespace {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
   } while (0)
 
-/// Layouts: dense NCHW, dense NHWC, and an NCHW W-slice of a wider buffer (rows not contiguous
-/// with each other: the kernels' generic position path).
-enum class Lay { kNchw, kNhwc, kStrided };
+/// Layouts: dense NCHW, dense NHWC, an NCHW W-slice of a wider buffer (rows not contiguous
+/// with each other: the kernels' generic position path), and a channels-last W-slice (channels
+/// contiguous, positions not uniformly spaced: the channels-last generic path).
+enum class Lay { kNchw, kNhwc, kStrided, kNhwcStrided };
 const char* lay_name(Lay l) {
   switch (l) {
     case Lay::kNchw: return "nchw";
     case Lay::kNhwc: return "nhwc";
     case Lay::kStrided: return "strided";
+    case Lay::kNhwcStrided: return "nhwc_strided";
   }
   return "?";
 }
@@ -74,6 +78,10 @@ struct Buf {
       case Lay::kStrided:
         st[0] = C * H * (W + 3), st[1] = H * (W + 3), st[2] = W + 3, st[3] = 1;
         elems = N * C * H * (W + 3);
+        break;
+      case Lay::kNhwcStrided:
+        st[0] = H * (W + 3) * C, st[1] = 1, st[2] = (W + 3) * C, st[3] = C;
+        elems = N * H * (W + 3) * C;
         break;
     }
     b.storage = Tensor::empty({elems + 1}, dt, dev);
@@ -210,8 +218,9 @@ struct RunOut {
 };
 
 /// Forward then backward over `ranks` ranks (1: communicator nullptr; otherwise a ThreadGroup,
-/// rank r taking images [N r / ranks, N (r + 1) / ranks)) on `dev`.
-RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts) {
+/// rank r taking images [N r / ranks, N (r + 1) / ranks)) on `dev`; with `own_streams` each rank
+/// runs on a non-blocking stream of its own (Context::cuda_stream), waited for at its end.
+RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts, bool own_streams = false) {
   RunOut out;
   const Buf x = p.x.to(dev), gy = p.gy.to(dev);
   out.y = Buf::make(p.s, p.dt, p.lay, dev);
@@ -237,9 +246,20 @@ RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts) {
     params.running_mean = r.running_mean;
     params.running_var = r.running_var;
     params.num_batches_tracked = r.num_batches;
-    sync_batch_norm_forward(x.images(n0, n1), params, out.y.images(n0, n1), r.save_mean, r.save_invstd, comm, opts);
+    std::optional<test::NonBlockingStream> stream;
+    Context ctx;
+    if (own_streams && dev.is_cuda()) {
+      stream.emplace();
+      ASSERT_TRUE(stream->ok()) << "cudaStreamCreateWithFlags failed";
+      ctx.cuda_stream = stream->get();
+    }
+    sync_batch_norm_forward(x.images(n0, n1), params, out.y.images(n0, n1), r.save_mean, r.save_invstd, comm, opts,
+                            ctx);
     sync_batch_norm_backward(gy.images(n0, n1), x.images(n0, n1), weight, r.save_mean, r.save_invstd,
-                             out.gx.images(n0, n1), r.grad_weight, r.grad_bias, comm, opts);
+                             out.gx.images(n0, n1), r.grad_weight, r.grad_bias, comm, opts, ctx);
+    if (stream) {
+      EXPECT_TRUE(stream->synchronize()) << "rank " << rank;
+    }
   };
   if (ranks == 1) {
     body(0, nullptr);
@@ -360,10 +380,35 @@ TEST_P(SyncBnCuda, RecordsEqualCpuBitwise) {
   }
 }
 
+// Every rank on a non-blocking stream of its own: the header exchange, the staged gathers and
+// every kernel must be ordered on Context::cuda_stream alone (the legacy default stream of the
+// tests above synchronizes with everything and would hide a launch on the wrong stream).
+TEST(SyncBnCudaStreams, NonBlockingStreamsGiveTheSameBits) {
+  DETOPS_REQUIRE_GPU();
+  if (!test::NonBlockingStream().ok()) GTEST_SKIP() << "no CUDA runtime in this test build (DETOPS_TEST_CUDART)";
+  std::uint64_t seed = 8000;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16})
+    for (Lay lay : {Lay::kNchw, Lay::kNhwc})
+      for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact})
+        for (const Shape& s : {kShapes[0], kShapes[4]}) {
+          seed += 10;
+          const Problem p = make_problem(s, dt, lay, seed);
+          for (int ranks : {1, 2}) {
+            SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " " << lay_name(lay) << " "
+                                              << (mode == SyncBnMode::kExact ? "exact" : "default") << " [" << s.N
+                                              << ", " << s.C << ", " << s.H << ", " << s.W << "], " << ranks
+                                              << " rank(s)");
+            SyncBnOptions opts;
+            opts.mode = mode;
+            expect_same_run(run(p, Device::cpu(), ranks, opts), run(p, Device::cuda(0), ranks, opts, true));
+          }
+        }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, SyncBnCuda,
                          ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat64, DType::kFloat16,
                                                               DType::kBFloat16),
-                                            ::testing::Values(Lay::kNchw, Lay::kNhwc, Lay::kStrided),
+                                            ::testing::Values(Lay::kNchw, Lay::kNhwc, Lay::kStrided, Lay::kNhwcStrided),
                                             ::testing::Values(SyncBnMode::kDefault, SyncBnMode::kExact)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const DType dt = std::get<0>(info.param);

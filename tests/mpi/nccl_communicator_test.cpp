@@ -4,12 +4,19 @@
 //     (staged through a device buffer), zero bytes, a device other than the communicator's refused;
 //   - SyncBatchNorm forward and backward on CUDA tensors over NcclCommunicator: the bits of the
 //     CPU backend with communicator nullptr (both modes, NCHW and NHWC, float32 and float64), and
-//     the same bits for CPU tensors over NcclCommunicator (the host-staging path).
+//     the same bits for CPU tensors over NcclCommunicator (the host-staging path). With one rank
+//     the one-call path gathers nothing (size 1 needs no exchange), so these check the CUDA
+//     backend and the communicator's plumbing, not NCCL's transport;
+//   - the forward phases driven by hand with every record moved by ncclAllGather on the stream
+//     (device records, as a multi-rank run moves them): the one-call CPU bits.
+// NCCL allows one rank per GPU: more ranks need more GPUs (not available where this runs).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -164,14 +171,30 @@ Result run(Device device, DType dtype, Layout layout, SyncBnMode mode, Communica
 }
 
 using Param = std::tuple<SyncBnMode, Layout, DType>;
-class NcclSyncBatchNorm : public ::testing::TestWithParam<Param> {};
+/// A one-rank world, its NcclCommunicator and a non-blocking stream for each case.
+class NcclSyncBatchNorm : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    DETOPS_REQUIRE_GPU();
+    world_.emplace();
+    ASSERT_TRUE(world_->ok()) << "ncclCommInitAll for one rank failed: " << world_->error();
+    comm_.emplace(world_->comm());
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+    comm_.reset();
+    world_.reset();
+  }
+  std::optional<OneRankWorld> world_;
+  std::optional<NcclCommunicator> comm_;
+  cudaStream_t stream_ = nullptr;
+};
 
 TEST_P(NcclSyncBatchNorm, CudaOverNcclIsTheCpuBits) {
-  DETOPS_NCCL_WORLD(world);
   const auto [mode, layout, dtype] = GetParam();
-  NcclCommunicator comm(world.comm());
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  NcclCommunicator& comm = *comm_;
+  cudaStream_t stream = stream_;
   Result cpu = run(Device::cpu(), dtype, layout, mode, nullptr, nullptr);
   Result cuda = run(Device::cuda(0), dtype, layout, mode, &comm, stream);
   Result staged = run(Device::cpu(), dtype, layout, mode, &comm, nullptr);  // CPU tensors, host staging
@@ -183,7 +206,64 @@ TEST_P(NcclSyncBatchNorm, CudaOverNcclIsTheCpuBits) {
     EXPECT_TRUE(test::same_bytes(*a[i], *c[i])) << names[i] << ": CPU over NCCL differs from the CPU bits";
   }
   EXPECT_EQ(*cuda.nbt.data<std::int64_t>(), 1);
-  cudaStreamDestroy(stream);
+}
+
+// The forward phases with the records gathered through NCCL on the op's stream: the path a
+// multi-rank run takes, which the one-rank one-call path skips.
+TEST_P(NcclSyncBatchNorm, PhasesOverNcclAllGatherAreTheCpuBits) {
+  const auto [mode, layout, dtype] = GetParam();
+  NcclCommunicator& comm = *comm_;
+  cudaStream_t stream = stream_;
+  const Result cpu = run(Device::cpu(), dtype, layout, mode, nullptr, nullptr);
+
+  const Device gpu = Device::cuda(0);
+  const std::size_t numel = static_cast<std::size_t>(kN * kC * kH * kW);
+  std::vector<double> xv = test::random_values(numel, 91, -2.0, 2.0);  // the inputs of run()
+  for (std::size_t i = 0; i < numel; ++i)
+    if ((i / (kH * kW)) % kC == 2) xv[i] += 1e4;
+  const Tensor x = test::make_tensor({kN, kC, kH, kW}, dtype, xv, layout).to(gpu);
+  const Tensor weight = test::make_tensor({kC}, DType::kFloat32, test::random_values(kC, 93, 0.5, 1.5)).to(gpu);
+  const Tensor bias = test::make_tensor({kC}, DType::kFloat32, test::random_values(kC, 94)).to(gpu);
+  Tensor y = Tensor::zeros({kN, kC, kH, kW}, dtype, gpu, layout);
+  Tensor save_mean = Tensor::zeros({kC}, DType::kFloat64, gpu), save_invstd = Tensor::zeros({kC}, DType::kFloat64, gpu);
+  Tensor running_mean = Tensor::zeros({kC}, DType::kFloat32, gpu);
+  Tensor running_var = test::make_tensor({kC}, DType::kFloat32, std::vector<double>(kC, 1.0)).to(gpu);
+  Tensor nbt = Tensor::zeros({1}, DType::kInt64, gpu);
+  SyncBnParams params;
+  params.weight = weight;
+  params.bias = bias;
+  params.running_mean = running_mean;
+  params.running_var = running_var;
+  params.num_batches_tracked = nbt;
+  SyncBnOptions opts;
+  opts.mode = mode;
+  Context ctx;
+  ctx.cuda_stream = stream;
+  auto gather = [&](const Tensor& local, Tensor& gathered) {
+    comm.all_gather(local.view().data, gathered.view().data, static_cast<std::size_t>(local.nbytes()), gpu, stream);
+  };
+  TensorView scales_view;
+  Tensor scales;
+  if (mode == SyncBnMode::kExact) {
+    const std::int64_t sw = sync_batch_norm_scale_words(kC, false);
+    Tensor local = Tensor::zeros({sw}, DType::kInt64, gpu), gathered = Tensor::zeros({1, sw}, DType::kInt64, gpu);
+    scales = Tensor::zeros({sw}, DType::kInt64, gpu);
+    sync_batch_norm_local_scales(x, {}, {}, local, ctx);
+    gather(local, gathered);
+    sync_batch_norm_merge_scales(gathered, scales, ctx);
+    scales_view = scales;
+  }
+  const std::int64_t words = sync_batch_norm_record_words(kC, mode);
+  Tensor record = Tensor::zeros({words}, DType::kInt64, gpu), gathered = Tensor::zeros({1, words}, DType::kInt64, gpu);
+  sync_batch_norm_local_stats(x, record, mode, scales_view, ctx);
+  gather(record, gathered);
+  sync_batch_norm_finalize_stats(gathered, params, save_mean, save_invstd, opts, scales_view, ctx);
+  sync_batch_norm_apply(x, params, save_mean, save_invstd, y, ctx);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const Tensor* want[] = {&cpu.y, &cpu.save_mean, &cpu.save_invstd, &cpu.running_mean, &cpu.running_var, &cpu.nbt};
+  const Tensor* got[] = {&y, &save_mean, &save_invstd, &running_mean, &running_var, &nbt};
+  for (std::size_t i = 0; i < std::size(got); ++i)
+    EXPECT_TRUE(test::same_bytes(*want[i], got[i]->to(Device::cpu()))) << i << ": phases over NCCL differ from the CPU";
 }
 
 INSTANTIATE_TEST_SUITE_P(All, NcclSyncBatchNorm,
