@@ -1,91 +1,163 @@
 #!/usr/bin/env bash
-# GPU check, for a machine with an NVIDIA GPU, CUDA, CMake and ninja but no network or apt:
-# builds detops with the CUDA backend against the dependencies that scripts/stage-gpu-deps.sh put
-# in .deps/, runs every test (the gpu label included), runs the benchmarks into
-# benchmarks/results/gpu-<date>.json, compares with torchvision (benchmarks/compare_torchvision.py:
-# benchmarks/results/compare-gpu-<date>.{json,txt}), compares SyncBatchNorm with
-# torch.nn.BatchNorm2d training forward+backward (benchmarks/compare_torch_bn.py:
-# benchmarks/results/compare-bn-gpu-<date>.{json,txt}), draws the charts (benchmarks/plot_results.py:
-# benchmarks/results/roi_align_*-gpu-<date>.png, when matplotlib is there), and prints a summary
-# last (also kept as benchmarks/results/gpu-<date>-summary.txt). Each phase is timed.
+# GPU check: one command for a lent GPU machine (NVIDIA GPU, CUDA, CMake, ninja, PyTorch with
+# torchvision; no network, no apt), sized to the lease (one command may run 10 minutes, the whole
+# lease is 15 including the machine's start). Builds only what the check needs, against the
+# dependencies that scripts/stage-gpu-deps.sh put in .deps/ (carry it), then runs, in this order:
+#   tests       ctest -L gpu (the CUDA backend against the CPU, bit for bit; the NCCL test when
+#               NCCL was found); FAILED when a GPU is visible but every test skipped
+#   compare     detops vs torchvision CUDA, alternating (benchmarks/compare_torchvision.py:
+#               compare-gpu-<date>.{json,txt}), torchvision's deterministic fallback included
+#   bench       Google Benchmark, the key CUDA runs of each op (gpu-<op>-<date>.json)
+#   compare-bn  SyncBatchNorm vs torch.nn.BatchNorm2d training forward+backward
+#               (benchmarks/compare_torch_bn.py: compare-bn-gpu-<date>.{json,txt})
+#   sanitizer   compute-sanitizer over a few CUDA test cases ("unsupported" when the machine's
+#               runtime refuses it: that is not a failure of detops)
+#   plots       the charts from the JSON (also possible later, where the JSON is copied to)
+# Every phase is timed and gets at most its own cap and what is left of GPU_CHECK_BUDGET; one
+# that would get under 20 s is skipped and the summary says so. After every phase the summary
+# (benchmarks/results/gpu-<date>-summary.txt) and, when $OUT is set, $OUT/summary.txt and
+# $OUT/gpu-check.tgz (benchmarks/results/*gpu*-<date>* and build-gpu/gpu-check/*.log) are
+# rewritten, so a run stopped from outside still leaves what it finished. Unpack the archive in
+# the repository root: `tar xzf gpu-check.tgz`.
+#   GPU_CHECK_BUDGET            seconds for the whole run (default 480)
+#   GPU_CHECK_PHASES            phases to run after the build (default: all, in the order above)
 #   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
-#   BENCH_FILTER                --benchmark_filter regex (default: /cuda/ (every op's CUDA grid, SyncBN's
-#                               included) plus the f32 box-head RoIAlign CPU runs and SyncBN's res5 CPU
-#                               train step on one rank (t1, t2) and on two ThreadGroup ranks)
-#   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.2)
+#   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.1)
 #   BENCH_REPETITIONS           repetitions, for the medians (default 3)
-#   BENCH_TIMEOUT               seconds the benchmark run may take (default 300)
 #   PYTHON                      the python with torch and torchvision (default python3)
-#   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda --rounds 3
-#                               --tv-compile off; add cpu, or --tv-compile on, when there is time)
-#   COMPARE_TIMEOUT             seconds the comparison may take (default 300; rounds stop at 3/4 of it)
+#   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda
+#                               --rounds 3 --tv-compile off)
 #   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
-#                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.2)
-#   COMPARE_BN_TIMEOUT          seconds the SyncBN comparison may take (default 240; rounds stop at 3/4)
-#   SANITIZER_TOOLS             compute-sanitizer tools run over the CUDA tests (default
-#                               "memcheck racecheck initcheck"; empty: the phase is skipped)
-#   SANITIZER_TIMEOUT           seconds one tool may take on one test executable (default 60)
-#   SANITIZER_FILTER_<exe>      --gtest_filter for one executable under memcheck and initcheck,
-#                               e.g. SANITIZER_FILTER_detops_sync_batch_norm_cuda_test (defaults
-#                               below: a few cases each, ~2-3 minutes for all tools on an H200);
-#                               racecheck runs the first pattern of each filter only
-#   GPU_CHECK_CMAKE_ARGS        extra configure arguments (e.g. '-DCMAKE_IGNORE_PREFIX_PATH=/usr;/'
-#                               to prove that only .deps/ is used)
-#   OUT                         when set, the logs, the JSON and the summary are copied there
-# Exit status: nonzero when the build, a test or the benchmark run failed.
+#                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.1)
+#   SANITIZER_TOOLS             compute-sanitizer tools (default "memcheck"; add racecheck,
+#                               initcheck when there is time; empty: the phase is skipped)
+#   SANITIZER_FILTER_<exe>      --gtest_filter for one executable (defaults below)
+#   NCCL_ROOT                   where nccl.h and libnccl are (default: the nvidia-nccl wheel of
+#                               $PYTHON, when there is one)
+#   GPU_CHECK_CMAKE_ARGS        extra configure arguments
+# On a lent machine: scripts/stage-gpu-deps.sh here first, then one device call carrying .deps:
+#   GPU_CHECK_BUDGET=480 ./scripts/gpu-check.sh   (timeout_s 540: the budget leaves it margin)
+# Exit status: nonzero when the build, a test, a benchmark or a comparison failed.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
 
+budget=${GPU_CHECK_BUDGET:-480}
 arch=${DETOPS_CUDA_ARCHITECTURES:-90}
 jobs=$(nproc)
-build=build-gpu
+build="build-gpu"
 logs=$build/gpu-check
 prefix=$root/.deps/prefix
 date=$(date +%Y-%m-%d)
-bench_json=benchmarks/results/gpu-$date.json
-compare_json=benchmarks/results/compare-gpu-$date.json
-compare_txt=benchmarks/results/compare-gpu-$date.txt
-compare_bn_json=benchmarks/results/compare-bn-gpu-$date.json
-compare_bn_txt=benchmarks/results/compare-bn-gpu-$date.txt
-modes_png=benchmarks/results/roi_align_modes-gpu-$date.png
-vs_png=benchmarks/results/roi_align_vs_torchvision-gpu-$date.png
-bn_png=benchmarks/results/sync-bn-vs-torch-gpu-$date.png
+results=benchmarks/results
+compare_json=$results/compare-gpu-$date.json
+compare_txt=$results/compare-gpu-$date.txt
+compare_bn_json=$results/compare-bn-gpu-$date.json
+compare_bn_txt=$results/compare-bn-gpu-$date.txt
+roi_json=$results/gpu-roi-align-$date.json
+modes_png=$results/roi_align_modes-gpu-$date.png
+vs_png=$results/roi_align_vs_torchvision-gpu-$date.png
+bn_png=$results/sync-bn-vs-torch-gpu-$date.png
 python=${PYTHON:-python3}
 summary=$logs/summary.txt
+sanitizer_txt=$logs/sanitizer-summary.txt
+ctest_out=$logs/ctest.txt
 status=0
 phases=()
+gpu_visible=0
+
+# The key CUDA benchmarks of each op: name -> --benchmark_filter (JSON: gpu-<name>-<date>.json).
+declare -A bench_filters=(
+  [roi-align]='^BM_RoiAlign(Forward|Backward)/cuda/(f32|f16)/(nchw|nhwc)/(box|mask)/sr2/avg|^BM_RoiAlign(Forward|Backward)/cuda/f32/nchw/box/(adaptive/avg|sr2/max)'
+  [frozen-bn]='^BM_FrozenBnCopy/cuda/res2/|^BM_FrozenBn(Forward|Backward)/cuda/res2/(f32|f16|bf16)/(nchw|nhwc)/(none|add_relu)/|^BM_FrozenBnUnfused/cuda/res2/f32/nchw/add_relu/'
+  [sync-bn]='^BM_SyncBnTrainStep/cuda/|^BM_SyncBn(Forward|Backward|LocalStats|Apply)/cuda/res2/f32/nchw/'
+)
+bench_order=(roi-align frozen-bn sync-bn)
+
+declare -A sanitizer_filters=(
+  [detops_roi_align_cuda_test]='All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*'
+  [detops_frozen_batch_norm_cuda_test]='All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_add_relu:All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_slice_relu:FrozenBnCudaFold.*:FrozenBnCudaBadInput.*:FrozenBnCudaSemantics.EmptyProblemsLaunchNothing'
+  [detops_sync_batch_norm_cuda_test]='All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_exact:All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_strided_default:All/SyncBnCuda.RecordsEqualCpuBitwise/float64_nchw_exact'
+)
+cuda_tests=(detops_roi_align_cuda_test detops_frozen_batch_norm_cuda_test detops_sync_batch_norm_cuda_test)
 
 if [[ ! -d .deps/prefix || ! -d .deps/src/googletest ]]; then
-  echo "gpu-check: .deps/ is missing; run scripts/stage-gpu-deps.sh where the packages are" >&2
+  echo "gpu-check: .deps/ is missing; run scripts/stage-gpu-deps.sh where the packages are, and carry .deps" >&2
   exit 2
 fi
-mkdir -p "$logs" benchmarks/results
+mkdir -p "$logs" "$results"
 
-# phase NAME LOG COMMAND...: runs COMMAND with its output on the terminal and in LOG, and records
-# the name, seconds and exit status.
+left() { echo $((budget - SECONDS)); }
+
+# phase NAME CAP COMMAND...: runs COMMAND (a function) with PHASE_LIMIT = at most CAP seconds and
+# what is left of the budget, less 15 s for the summary; the function runs its long commands
+# through `limited`, which stops them there. Its output goes to the terminal and to
+# build-gpu/gpu-check/NAME.log; the name, seconds and result are recorded; then it publishes. A
+# phase with under 20 s left is skipped.
 phase() {
-  local name=$1 log=$2
+  local name=$1 cap=$2 log=$logs/$1.log
   shift 2
-  echo "== $name =="
+  local limit=$(( $(left) - 15 ))
+  ((limit > cap)) && limit=$cap
+  if ((limit < 20)); then
+    echo "== $name: skipped, out of time (budget ${budget}s) =="
+    phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "skipped: out of time")")
+    publish
+    return 1
+  fi
+  echo "== $name (up to ${limit}s) =="
   local start=$SECONDS rc
+  PHASE_LIMIT=$limit
   "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
-  phases+=("$(printf '%-10s %4ds  %s' "$name" $((SECONDS - start)) "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED ($rc)")")")
+  local result
+  case $rc in
+    0) result=ok ;;
+    124 | 137) result="FAILED (stopped at its ${limit}s limit)" ;;
+    *) result="FAILED ($rc)" ;;
+  esac
+  phases+=("$(printf '%-10s %4ds  %s' "$name" $((SECONDS - start)) "$result")")
   [[ $rc -eq 0 ]] || status=1
+  publish
   return "$rc"
 }
 
+skip_phase() {  # NAME WHY
+  echo "== $1: $2 =="
+  phases+=("$(printf '%-10s %4ds  %s' "$1" 0 "$2")")
+  publish
+}
+
+limited() { timeout --kill-after=5 "$PHASE_LIMIT" "$@"; }
+
+wanted() { [[ -z ${GPU_CHECK_PHASES:-} || " $GPU_CHECK_PHASES " == *" $1 "* ]]; }
+
 machine_info() {
-  if command -v nvidia-smi >/dev/null; then
+  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   else
-    echo "no nvidia-smi: no GPU driver here (gpu tests and CUDA benchmarks will skip)"
+    echo "no GPU visible (nvidia-smi missing or failing): gpu tests and CUDA benchmarks will skip"
   fi
-  nvcc --version 2>/dev/null | tail -n 1 || /usr/local/cuda/bin/nvcc --version | tail -n 1
+  { nvcc --version 2> /dev/null || /usr/local/cuda/bin/nvcc --version; } | tail -n 1
   cmake --version | head -n 1
   c++ --version | head -n 1
-  echo "cores: $jobs"
+  "$python" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -n 1
+  echo "NCCL: ${nccl_root:-not found (the NCCL test is left out)}"
+  echo "cores: $jobs, budget: ${budget}s"
+}
+
+# NCCL: $NCCL_ROOT, else the nvidia-nccl wheel next to PyTorch (include/nccl.h, lib/libnccl.so.2;
+# find_library wants libnccl.so, so the library is named explicitly).
+find_nccl() {
+  local dir=${NCCL_ROOT:-}
+  if [[ -z $dir ]]; then
+    dir=$("$python" -c 'import nvidia.nccl as m, os; print(list(m.__path__)[0])' 2> /dev/null) || dir=""
+  fi
+  [[ -n $dir && -f $dir/include/nccl.h ]] || return 1
+  local lib
+  lib=$(ls "$dir"/lib/libnccl.so "$dir"/lib/libnccl.so.[0-9]* 2> /dev/null | head -n 1)
+  [[ -n $lib ]] || return 1
+  echo "$dir|$lib"
 }
 
 build_googletest() {
@@ -94,219 +166,265 @@ build_googletest() {
     return 0
   fi
   # CMAKE_POLICY_VERSION_MINIMUM: googletest 1.12 asks for CMake 3.5, which CMake 4 refuses.
-  cmake -S .deps/src/googletest -B "$build/_deps/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  limited cmake -S .deps/src/googletest -B "$build/_deps/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$prefix" \
         -DCMAKE_POLICY_VERSION_MINIMUM=3.5 &&
-    cmake --build "$build/_deps/googletest" -j "$jobs" &&
-    cmake --install "$build/_deps/googletest"
+    limited cmake --build "$build/_deps/googletest" -j "$jobs" &&
+    limited cmake --install "$build/_deps/googletest"
 }
 
 configure() {
+  local nccl_args=()
+  if [[ -n ${nccl_lib:-} ]]; then
+    nccl_args=(-DDETOPS_NCCL_INCLUDE_DIR="$nccl_root/include" -DDETOPS_NCCL_LIBRARY="$nccl_lib")
+  fi
   # shellcheck disable=SC2086  # GPU_CHECK_CMAKE_ARGS is a list of words
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" ${GPU_CHECK_CMAKE_ARGS:-}
+  limited cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON -DDETOPS_MPI=OFF \
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" "${nccl_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
+}
+
+# Only what the check runs: the CUDA tests (and the NCCL test when configured) and detops_bench;
+# -k 0: one target that fails to build does not stop the others.
+build_targets() {
+  local targets=("${cuda_tests[@]}" detops_bench)
+  if ninja -C "$build" -t targets all 2> /dev/null | grep -qE '(^|/)detops_nccl_communicator_test:'; then
+    targets+=(detops_nccl_communicator_test)
+  fi
+  echo "targets: ${targets[*]}"
+  limited cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0
+}
+
+# ctest -L gpu; then fails when a GPU is visible and every test skipped (a driver too old for the
+# toolkit reads as "no device" to the tests).
+run_tests() {
+  limited ctest --test-dir "$build" -L gpu --output-on-failure -j 8 --timeout 150 > "$ctest_out" 2>&1
+  local rc=$? line total skipped
+  cat "$ctest_out"
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$ctest_out" | tail -n 1)
+  total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
+  skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$ctest_out")
+  if [[ $gpu_visible == 1 && -n $total && $total -gt 0 && $skipped -eq $total ]]; then
+    echo "gpu-check: a GPU is visible but all $total gpu tests skipped (cuda_device_count() == 0: driver older than the toolkit?)"
+    return 3
+  fi
+  return "$rc"
 }
 
 run_benchmarks() {
-  local args=(--benchmark_out="$bench_json" --benchmark_out_format=json
-              --benchmark_min_time="${BENCH_MIN_TIME:-0.2}"
-              --benchmark_repetitions="${BENCH_REPETITIONS:-3}"
-              --benchmark_report_aggregates_only=true)
-  args+=(--benchmark_filter="${BENCH_FILTER:-/cuda/|/cpu/f32/(nchw|nhwc)/box/sr2/avg|^BM_SyncBn(TrainStep|ThreadGroup)/cpu/res5/f32/nchw/default/}")
-  timeout "${BENCH_TIMEOUT:-300}" "$build/benchmarks/detops_bench" "${args[@]}"
+  local name rc=0 json t
+  for name in "${bench_order[@]}"; do
+    json=$results/gpu-$name-$date.json
+    t=$(( $(left) - 20 ))
+    ((t > PHASE_LIMIT / 2)) && t=$((PHASE_LIMIT / 2))
+    if ((t < 15)); then echo "bench $name: skipped, out of time"; rc=1; continue; fi
+    echo "-- bench $name (up to ${t}s) --"
+    timeout "$t" "$build/benchmarks/detops_bench" --benchmark_filter="${bench_filters[$name]}" \
+      --benchmark_out="$json" --benchmark_out_format=json --benchmark_min_time="${BENCH_MIN_TIME:-0.1}" \
+      --benchmark_repetitions="${BENCH_REPETITIONS:-3}" --benchmark_report_aggregates_only=true || rc=1
+  done
+  return "$rc"
 }
 
-# detops vs torchvision on the same shapes, alternating (torchvision missing: detops only, still 0).
+# detops vs torchvision on the same shapes, alternating; rounds stop at 3/4 of the phase's time.
 run_compare() {
-  local limit=${COMPARE_TIMEOUT:-300}
   # shellcheck disable=SC2086  # COMPARE_ARGS is a list of words
-  timeout "$limit" "$python" benchmarks/compare_torchvision.py --bench "$build/benchmarks/detops_bench" \
-    --json "$compare_json" --table "$compare_txt" --max-seconds $((limit * 3 / 4)) \
+  limited "$python" benchmarks/compare_torchvision.py --bench "$build/benchmarks/detops_bench" \
+    --json "$compare_json" --table "$compare_txt" --max-seconds $((PHASE_LIMIT * 3 / 4)) \
     ${COMPARE_ARGS:---devices cuda --rounds 3 --tv-compile off}
 }
 
-# SyncBatchNorm (one rank) vs torch.nn.BatchNorm2d training forward+backward, alternating (no
-# torch: detops only, still 0).
 run_compare_bn() {
-  local limit=${COMPARE_BN_TIMEOUT:-240}
   # shellcheck disable=SC2086  # COMPARE_BN_ARGS is a list of words
-  timeout "$limit" "$python" benchmarks/compare_torch_bn.py --bench "$build/benchmarks/detops_bench" \
-    --out "$compare_bn_json" --table "$compare_bn_txt" --max-seconds $((limit * 3 / 4)) \
-    ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.2}
+  limited "$python" benchmarks/compare_torch_bn.py --bench "$build/benchmarks/detops_bench" \
+    --out "$compare_bn_json" --table "$compare_bn_txt" --max-seconds $((PHASE_LIMIT * 3 / 4)) \
+    ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.1}
 }
-
-# compute-sanitizer (memcheck, racecheck, initcheck) over a small --gtest_filter subset of each
-# CUDA test executable (ctest label gpu). Writes one line per tool and executable to
-# $sanitizer_txt (copied into the summary); fails when a tool reports an error, or a run fails
-# or times out. Without compute-sanitizer or a GPU it prints why and is recorded as skipped.
-sanitizer_txt=$logs/sanitizer-summary.txt
-declare -A sanitizer_filters=(
-  [detops_roi_align_cuda_test]='All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*'
-  [detops_frozen_batch_norm_cuda_test]='All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_add_relu:All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_slice_relu:FrozenBnCudaFold.*:FrozenBnCudaBadInput.*:FrozenBnCudaSemantics.EmptyProblemsLaunchNothing'
-  [detops_sync_batch_norm_cuda_test]='All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_exact:All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_strided_default:All/SyncBnCuda.RecordsEqualCpuBitwise/float64_nchw_exact'
-)
 
 find_compute_sanitizer() {
   local c
-  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
-           "$(dirname "$(command -v nvcc 2>/dev/null || echo /nonexistent/nvcc)")/compute-sanitizer" \
+  for c in "$(command -v compute-sanitizer 2> /dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+           "$(dirname "$(command -v nvcc 2> /dev/null || echo /nonexistent/nvcc)")/compute-sanitizer" \
            /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
     [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
   done
   return 1
 }
 
+# compute-sanitizer over --gtest_filter subsets; one line per tool and executable in
+# $sanitizer_txt. A first probe that the sanitizer refuses ("Device not supported": gVisor) ends
+# the phase as unsupported, which is recorded but not a failure.
 run_compute_sanitizer() {
   local cs=$1 failed=0 tool exe filter_var filter start rc log result errors ran
   : > "$sanitizer_txt"
-  echo "compute-sanitizer: $cs ($("$cs" --version 2>/dev/null | grep -Eo 'Version [0-9.]+' | head -n 1))"
-  for tool in ${SANITIZER_TOOLS-memcheck racecheck initcheck}; do
-    for exe in detops_roi_align_cuda_test detops_frozen_batch_norm_cuda_test detops_sync_batch_norm_cuda_test; do
+  echo "compute-sanitizer: $cs ($("$cs" --version 2> /dev/null | grep -Eo 'Version [0-9.]+' | head -n 1))"
+  for tool in ${SANITIZER_TOOLS-memcheck}; do
+    for exe in "${cuda_tests[@]}"; do
       if [[ ! -x $build/tests/$exe ]]; then
         echo "$(printf '%-9s %-36s' "$tool" "$exe") FAILED (not built)" | tee -a "$sanitizer_txt"
         failed=1
         continue
       fi
+      if (($(left) < 40)); then
+        echo "$(printf '%-9s %-36s' "$tool" "$exe") skipped: out of time" | tee -a "$sanitizer_txt"
+        continue
+      fi
       filter_var=SANITIZER_FILTER_$exe
       filter=${!filter_var:-${sanitizer_filters[$exe]}}
-      [[ $tool == racecheck ]] && filter=${filter%%:*}   # racecheck is the slowest: one case
+      [[ $tool == racecheck ]] && filter=${filter%%:*}  # racecheck is the slowest: one case
       log=$logs/sanitizer-$tool-$exe.log
       start=$SECONDS
-      timeout "${SANITIZER_TIMEOUT:-60}" "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+      timeout 90 "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
         "$build/tests/$exe" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1
       rc=$?
+      if grep -q 'Device not supported' "$log"; then
+        echo "compute-sanitizer: unsupported on this machine ('Device not supported'; gVisor?): phase not run" |
+          tee -a "$sanitizer_txt"
+        return 0
+      fi
       errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$log" | tail -n 1)
       ran=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -n 1 | grep -Eo '^[0-9]+ tests?')
-      [[ $rc -eq 0 && -z $ran ]] && rc=87   # the filter matched nothing (or gtest did not finish)
+      [[ $rc -eq 0 && -z $ran ]] && rc=87  # the filter matched nothing (or gtest did not finish)
       case $rc in
         0) result="ok" ;;
         87) result="FAILED (no test ran: check the --gtest_filter)"; failed=1 ;;
         86) result="FAILED (errors reported)"; failed=1 ;;
-        124) result="FAILED (timed out after ${SANITIZER_TIMEOUT:-60}s)"; failed=1 ;;
+        124) result="FAILED (timed out after 90s)"; failed=1 ;;
         *) result="FAILED (exit $rc)"; failed=1 ;;
       esac
-      echo "$(printf '%-9s %-36s %4ds' "$tool" "$exe" $((SECONDS - start))) $result; ${ran:-no tests ran}; ${errors:-no sanitizer summary} ($log)" \
-        | tee -a "$sanitizer_txt"
+      echo "$(printf '%-9s %-36s %4ds' "$tool" "$exe" $((SECONDS - start))) $result; ${ran:-no tests ran}; ${errors:-no sanitizer summary}" |
+        tee -a "$sanitizer_txt"
       [[ $rc -eq 0 ]] || tail -n 40 "$log"
     done
   done
   return "$failed"
 }
 
-# The charts; without matplotlib, nothing (make them where the JSON files are copied to).
 run_plots() {
   if [[ -s $compare_json ]]; then
-    "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$bench_json" --bench-filter '/f32/' \
+    limited "$python" benchmarks/plot_results.py "$compare_json" --bench-json "$roi_json" --bench-filter '/f32/' \
       --modes-png "$modes_png" --vs-png "$vs_png" --if-available
   fi
   if [[ -s $compare_bn_json ]]; then
-    "$python" benchmarks/plot_sync_bn.py "$compare_bn_json" --out "$bn_png" || echo "plot_sync_bn failed (no matplotlib?)"
+    limited "$python" benchmarks/plot_sync_bn.py "$compare_bn_json" --out "$bn_png" || echo "plot_sync_bn failed (no matplotlib?)"
   fi
 }
 
-# Medians from the benchmark JSON: name, time, and throughput where reported.
+# Medians from the benchmark JSON files: name, time, and throughput where reported.
 bench_table() {
-  [[ -s $bench_json ]] || { echo "(no benchmark results)"; return; }
-  python3 - "$bench_json" <<'PY' || echo "(python3 could not read $bench_json)"
+  local files=() name
+  for name in "${bench_order[@]}"; do [[ -s $results/gpu-$name-$date.json ]] && files+=("$results/gpu-$name-$date.json"); done
+  ((${#files[@]})) || { echo "(no benchmark results)"; return; }
+  python3 - "${files[@]}" << 'PY' || echo "(python3 could not read the benchmark JSON)"
 import json, sys
-benchmarks = json.load(open(sys.argv[1])).get("benchmarks", [])
-key = lambda b: b.get("run_name", b["name"])
-rows = [b for b in benchmarks if b.get("aggregate_name") == "median"]
-if not rows:  # one repetition: no aggregates
-    rows = [b for b in benchmarks if b.get("run_type", "iteration") == "iteration"]
-shown = {key(b) for b in rows}
-for b in benchmarks:  # runs that skipped or failed have no aggregates
-    if b.get("error_occurred") and key(b) not in shown:
-        rows.append(b)
-        shown.add(key(b))
-print(f"{'benchmark (median)':<64} {'time':>14} {'items/s':>9} {'GB/s':>7}")
-for b in rows:
-    name = key(b)[:64]
-    if b.get("error_occurred"):
-        print(f"{name:<64} skipped: {b.get('error_message', '')[:40]}")
+print(f"{'benchmark (median)':<72} {'time':>12} {'items/s':>9} {'GB/s':>7}")
+for path in sys.argv[1:]:
+    try:
+        benchmarks = json.load(open(path)).get("benchmarks", [])
+    except ValueError:
+        print(f"{path}: not complete JSON (the run was stopped)")
         continue
-    t = f"{b['real_time']:.3f} {b['time_unit']}"
-    items = f"{b['items_per_second'] / 1e9:.2f}G" if "items_per_second" in b else "-"
-    gbs = f"{b['bytes_per_second'] / 1e9:.1f}" if "bytes_per_second" in b else "-"
-    print(f"{name:<64} {t:>14} {items:>9} {gbs:>7}")
+    key = lambda b: b.get("run_name", b["name"])
+    rows = [b for b in benchmarks if b.get("aggregate_name") == "median"]
+    if not rows:  # one repetition: no aggregates
+        rows = [b for b in benchmarks if b.get("run_type", "iteration") == "iteration"]
+    shown = {key(b) for b in rows}
+    for b in benchmarks:  # runs that skipped or failed have no aggregates
+        if b.get("error_occurred") and key(b) not in shown:
+            rows.append(b)
+            shown.add(key(b))
+    for b in rows:
+        name = key(b)[:72]
+        if b.get("error_occurred"):
+            print(f"{name:<72} skipped: {b.get('error_message', '')[:40]}")
+            continue
+        t = f"{b['real_time']:.3f} {b['time_unit']}"
+        items = f"{b['items_per_second'] / 1e9:.2f}G" if "items_per_second" in b else "-"
+        gbs = f"{b['bytes_per_second'] / 1e9:.1f}" if "bytes_per_second" in b else "-"
+        print(f"{name:<72} {t:>12} {items:>9} {gbs:>7}")
 PY
 }
 
 # Test counts from the CTest log: run, passed, failed, skipped.
 test_counts() {
-  local log=$logs/ctest.log
+  local log=$ctest_out
   [[ -s $log ]] || { echo "tests: not run"; return; }
   local line passed failed skipped total
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
   [[ -n $line ]] || { echo "tests: CTest printed no summary (see $log)"; return; }
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$log")
-  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
-  total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
+  failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<< "$line")
+  total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
   passed=$((total - failed - skipped))
   echo "tests: $passed passed, $failed failed, $skipped skipped (of $total)"
   grep -E '^[[:space:]]+[0-9]+ - .* \((Failed|Not Run|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$log" | head -n 20
 }
 
-echo "gpu-check: $(date -u +%FT%TZ), CUDA architectures $arch, $jobs jobs"
-phase machine "$logs/machine.log" machine_info
-if phase gtest "$logs/gtest.log" build_googletest &&
-   phase configure "$logs/configure.log" configure &&
-   phase build "$logs/build.log" cmake --build "$build" -j "$jobs"; then
-  phase tests "$logs/ctest.log" ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
-  if [[ -z ${SANITIZER_TOOLS-memcheck racecheck initcheck} ]]; then
-    sanitizer_skip="skipped: SANITIZER_TOOLS is empty"
-  elif ! cs=$(find_compute_sanitizer); then
-    sanitizer_skip="skipped: no compute-sanitizer (not on PATH, in \$CUDA_HOME/bin or next to nvcc)"
-  elif ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
-    sanitizer_skip="skipped: no GPU driver (nvidia-smi)"
-  else
-    sanitizer_skip=""
-    phase sanitizer "$logs/sanitizer.log" run_compute_sanitizer "$cs"
-  fi
-  if [[ -n $sanitizer_skip ]]; then
-    echo "== sanitizer =="
-    echo "compute-sanitizer $sanitizer_skip" | tee "$logs/sanitizer.log" > "$sanitizer_txt"
-    phases+=("$(printf '%-10s %4ds  %s' sanitizer 0 "$sanitizer_skip")")
-  fi
+write_summary() {
+  {
+    echo "== gpu-check summary ($(date -u +%FT%TZ), ${SECONDS}s of ${budget}s) =="
+    [[ -s $logs/machine.log ]] && head -n 1 "$logs/machine.log"
+    printf '%s\n' "${phases[@]}"
+    test_counts
+    if [[ -s $sanitizer_txt ]]; then echo "compute-sanitizer:"; cat "$sanitizer_txt"; fi
+    echo
+    bench_table
+    echo
+    if [[ -s $compare_txt ]]; then cat "$compare_txt"; else echo "(no torchvision comparison)"; fi
+    echo
+    if [[ -s $compare_bn_txt ]]; then cat "$compare_bn_txt"; else echo "(no torch BatchNorm2d comparison)"; fi
+    echo
+    echo "results: $results/*gpu*-$date*; logs: $logs/"
+    echo "gpu-check: $([[ $status -eq 0 ]] && echo "PASSED so far" || echo FAILED)"
+  } > "$summary.tmp" && mv "$summary.tmp" "$summary"
+  cp "$summary" "$results/gpu-$date-summary.txt"
+}
+
+# The summary and one archive into $OUT (at most 8 files come back from there), replaced whole.
+publish() {
+  write_summary
+  [[ -n ${OUT:-} ]] || return 0
+  mkdir -p "$OUT"
+  cp "$summary" "$OUT/summary.txt.tmp" && mv "$OUT/summary.txt.tmp" "$OUT/summary.txt"
+  # shellcheck disable=SC2046
+  tar czf "$OUT/gpu-check.tgz.tmp" $(ls -d "$results"/*gpu*-"$date"* "$logs"/*.log "$logs"/*.txt 2> /dev/null) 2> /dev/null &&
+    mv "$OUT/gpu-check.tgz.tmp" "$OUT/gpu-check.tgz"
+}
+
+if nccl=$(find_nccl); then
+  nccl_root=${nccl%%|*}
+  nccl_lib=${nccl##*|}
+fi
+command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && gpu_visible=1
+
+echo "gpu-check: $(date -u +%FT%TZ), CUDA architectures $arch, $jobs jobs, budget ${budget}s"
+phase machine 30 machine_info
+if phase gtest 180 build_googletest && phase configure 120 configure; then
+  phase build 360 build_targets
+  if wanted tests; then phase tests 240 run_tests; fi
   if [[ -x $build/benchmarks/detops_bench ]]; then
-    phase bench "$logs/bench.log" run_benchmarks
-    phase compare "$logs/compare.log" run_compare
-    phase compare-bn "$logs/compare-bn.log" run_compare_bn
-    [[ -s $compare_json || -s $compare_bn_json ]] && phase plots "$logs/plots.log" run_plots
+    if wanted compare; then phase compare 150 run_compare; fi
+    if wanted bench; then phase bench 150 run_benchmarks; fi
+    if wanted compare-bn; then phase compare-bn 90 run_compare_bn; fi
   else
-    echo "gpu-check: $build/benchmarks/detops_bench was not built" | tee "$logs/bench.log"
+    skip_phase bench "FAILED: $build/benchmarks/detops_bench was not built"
     status=1
   fi
+  if wanted sanitizer; then
+    if [[ -z ${SANITIZER_TOOLS-memcheck} ]]; then
+      skip_phase sanitizer "skipped: SANITIZER_TOOLS is empty"
+    elif ! cs=$(find_compute_sanitizer); then
+      skip_phase sanitizer "skipped: no compute-sanitizer (not on PATH, in \$CUDA_HOME/bin or next to nvcc)"
+    elif [[ $gpu_visible != 1 ]]; then
+      skip_phase sanitizer "skipped: no GPU visible"
+    else
+      phase sanitizer 120 run_compute_sanitizer "$cs"
+    fi
+  fi
+  if wanted plots && [[ -s $compare_json || -s $compare_bn_json ]]; then phase plots 40 run_plots; fi
 fi
 
-{
-  echo "== gpu-check summary ($(date -u +%FT%TZ)) =="
-  head -n 1 "$logs/machine.log"
-  printf '%s\n' "${phases[@]}"
-  test_counts
-  if [[ -s $sanitizer_txt ]]; then echo "compute-sanitizer:"; cat "$sanitizer_txt"; fi
-  echo
-  bench_table
-  echo
-  if [[ -s $compare_txt ]]; then cat "$compare_txt"; else echo "(no torchvision comparison)"; fi
-  echo
-  if [[ -s $compare_bn_txt ]]; then cat "$compare_bn_txt"; else echo "(no torch BatchNorm2d comparison)"; fi
-  echo
-  echo "benchmark JSON: $bench_json; comparisons: $compare_json, $compare_txt, $compare_bn_json, $compare_bn_txt;" \
-       "charts: $modes_png, $vs_png, $bn_png"
-  echo "logs: $logs/"
-  echo "gpu-check: $([[ $status -eq 0 ]] && echo PASSED || echo FAILED)"
-} > "$summary"
-cp "$summary" "benchmarks/results/gpu-$date-summary.txt"
-
-if [[ -n "${OUT:-}" ]]; then
-  mkdir -p "$OUT"
-  for f in "$summary" "$logs/ctest.log" "$logs/build.log" "$logs/bench.log" "$logs/configure.log" \
-           "$bench_json" "$logs/compare.log" "$logs/plots.log" "$compare_json" "$compare_txt" "$modes_png" "$vs_png" "$bn_png" \
-           "$logs/compare-bn.log" "$compare_bn_json" "$compare_bn_txt" "$logs/sanitizer.log" "$sanitizer_txt" \
-           "$logs"/sanitizer-*-*.log; do
-    [[ -f $f ]] && cp "$f" "$OUT/"
-  done
-fi
+publish
+sed -i 's/^gpu-check: PASSED so far$/gpu-check: PASSED/' "$summary" "$results/gpu-$date-summary.txt"
+[[ -n ${OUT:-} && -f $OUT/summary.txt ]] && cp "$summary" "$OUT/summary.txt"
 cat "$summary"
 exit "$status"
