@@ -19,8 +19,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-TIMING = {"cpu": "wall clock (time.perf_counter; Google Benchmark real_time)",
-          "cuda": "CUDA events (torch.cuda.Event; Google Benchmark manual_time)"}
+# CUDA: both sides time CUDA_CHAIN back-to-back calls between one pair of events and report the
+# average per call (bench_util.h kCudaChain, the same number): the host enqueues the next call
+# while the device runs the last, as in a training loop, so a fast kernel is not timed as its
+# launch latency (Python's for torch, C++'s for detops). Where dispatching a call takes longer
+# than running it, the time is the dispatch, on both sides alike.
+CUDA_CHAIN = 10
+TIMING = {"cpu": "wall clock (time.perf_counter; Google Benchmark real_time), one call per sample",
+          "cuda": f"CUDA events around {CUDA_CHAIN} back-to-back calls, per call (torch.cuda.Event; "
+                  f"Google Benchmark manual_time, bench_util.h kCudaChain)"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,14 +325,16 @@ def output_paths(json_arg, table_arg, prefix):
     return json_path, table_arg or os.path.splitext(json_path)[0] + ".txt"
 
 
-def write_outputs(prog, doc, table, json_path, table_path):
-    """Prints the table and writes it and the JSON."""
-    print()
-    print(table)
+def write_outputs(prog, doc, table, json_path, table_path, quiet=False):
+    """Writes the JSON and the table (each replaced whole: a reader never sees half a file), and
+    prints the table unless `quiet` (the comparisons write after every round, so that a run
+    stopped from outside keeps the rounds it finished)."""
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    with open(table_path, "w") as f:
-        f.write(table + "\n")
-    print(f"\n{prog}: wrote {os.path.relpath(json_path)} and {os.path.relpath(table_path)}")
+    for path, text in ((json_path, json.dumps(doc, indent=1) + "\n"), (table_path, table + "\n")):
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    if not quiet:
+        print()
+        print(table)
+        print(f"\n{prog}: wrote {os.path.relpath(json_path)} and {os.path.relpath(table_path)}")

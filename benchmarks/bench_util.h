@@ -107,8 +107,14 @@ class EventTimer {
 };
 #endif
 
+/// CUDA iterations time this many back-to-back calls between one pair of events and report the
+/// average per call: the host enqueues the next call while the device runs the last (as in a
+/// training loop), so a fast kernel is not timed as its launch latency. Equal to CUDA_CHAIN in
+/// benchmarks/bench_common.py, which times torch the same way.
+constexpr int kCudaChain = 10;
+
 /// Runs `op` in the timed loop: wall clock on the CPU (register with UseRealTime), events on
-/// CUDA (register with UseManualTime; one untimed call first).
+/// CUDA around kCudaChain calls (register with UseManualTime; one untimed call first).
 template <class F>
 void timed_loop(benchmark::State& state, Device device, const Context& ctx, F&& op) {
   if (device.is_cpu()) {
@@ -122,7 +128,11 @@ void timed_loop(benchmark::State& state, Device device, const Context& ctx, F&& 
   op();
   cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.cuda_stream)), "cudaStreamSynchronize");
   EventTimer timer(ctx.cuda_stream);
-  for (auto _ : state) state.SetIterationTime(timer.seconds(op));
+  for (auto _ : state)
+    state.SetIterationTime(timer.seconds([&] {
+                             for (int i = 0; i < kCudaChain; ++i) op();
+                           }) /
+                           kCudaChain);
 #else
   (void)ctx;
   state.SkipWithError("CUDA benchmarks need DETOPS_BENCH_CUDA=1 (CUDA runtime header) at compile time");

@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 
-from bench_common import (TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
+from bench_common import (CUDA_CHAIN, TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
                           ensure_torch, file_time, find_bench, fmt_ratio, git_describe, loadavg, machine_info,
                           output_paths, paired_ratio, print_round, ratio_of_medians, summarize, timing_settings,
                           write_outputs)
@@ -98,7 +98,8 @@ class TorchBN:
         return self.torch.autograd.grad(y, self.params, self.gy)
 
     def time(self, calls):
-        """Median ms of `calls` training steps (wall clock on the CPU, CUDA events on a GPU)."""
+        """Median ms of `calls` training steps (wall clock on the CPU; on a GPU CUDA events around
+        CUDA_CHAIN back-to-back steps, per step: the timing of detops_bench)."""
         torch = self.torch
         ms = []
         for _ in range(calls):
@@ -110,10 +111,13 @@ class TorchBN:
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
-                r = self.step()
+                for j in range(CUDA_CHAIN):
+                    r = self.step()
+                    if j + 1 < CUDA_CHAIN:
+                        del r
                 stop.record()
                 stop.synchronize()
-                ms.append(start.elapsed_time(stop))
+                ms.append(start.elapsed_time(stop) / CUDA_CHAIN)
             del r
         return statistics.median(ms)
 
@@ -261,6 +265,47 @@ def main():
     if cuda_ok:
         torch.cuda.synchronize()
 
+    def write(rounds_done, quiet):
+        """The JSON and the table of the rounds done so far."""
+        results = []
+        for gi, g in enumerate(groups):
+            tsum = summarize(samples.get((gi, "torch"), []))
+            for row in g["rows"]:
+                d = summarize(samples.get((gi, "detops:" + row["mode"]), []))
+                ratio, paired = ratio_of_medians(tsum, d), paired_ratio(tsum, d)
+                results.append({"device": g["device"], "shape": g["shape"], "input": list(SHAPES[g["shape"]]),
+                                "layout": g["layout"], "threads": g["threads"], "mode": row["mode"],
+                                "benchmark": row["benchmark"], "torch_ms": tsum, "detops_ms": d, "ratio": ratio,
+                                "ratio_paired": paired, "detops_error": errors.get(row["benchmark"]),
+                                "torch_error": torch_errors.get(gi)})
+
+        ctx = bench.context
+        versions.update(git=git_describe(), detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
+                        detops_cpu_isa=ctx.get("detops_cpu_isa"),
+                        google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version(),
+                        bench_built=file_time(bench_path))
+        json_path, table_path = output_paths(args.out, args.table, "compare-bn")
+        doc = {
+            **doc_head("detops-compare-torch-bn/1", __file__, t_start),
+            "workload": {"shapes": {s: list(SHAPES[s]) for s in shapes}, "dtype": "float32", "eps": EPS,
+                         "momentum": MOMENTUM, "affine": True, "track_running_stats": True},
+            "settings": {"rounds": rounds_done, "rounds_requested": rounds, "calls_per_round": calls,
+                         "cuda_calls_per_round": cuda_calls, "min_time_s": min_time, "quick": args.quick,
+                         "devices": devices, "layouts": layouts, "modes": modes,
+                         "threads": [int(x) for x in args.threads.split(",")], "torch_default_threads": default_threads,
+                         "timing": TIMING,
+                         "what_is_timed": {
+                             "torch": "y = BatchNorm2d(C).train()(x); torch.autograd.grad(y, (x, weight, bias), "
+                                      "grad_y); NHWC: x and grad_y channels_last",
+                             "detops": "BM_SyncBnTrainStep: sync_batch_norm_forward + sync_batch_norm_backward, "
+                                       "communicator nullptr, preallocated outputs"}},
+            **doc_run(machine, load_samples, versions, bench, bench_path),
+            "results": results,
+            "notes": args.note,
+        }
+        doc["target"] = check_target(results)
+        write_outputs(PROG, doc, render_table(doc), json_path, table_path, quiet)
+
     rounds_done = 0
     for rnd in alternating_rounds(PROG, rounds, args.max_seconds, t_start):
         rounds_done += 1
@@ -278,48 +323,13 @@ def main():
             print_round(rnd, rounds, t_start, label, 20, "torch", samples.get((gi, "torch"), [None])[-1], gi,
                         g["rows"], samples)
         load_samples.append({"t": round(time.time() - t_start, 1), "load": loadavg()})
+        write(rounds_done, quiet=True)
     if torch:
         torch.set_num_threads(default_threads)
-
-    results = []
-    for gi, g in enumerate(groups):
-        tsum = summarize(samples.get((gi, "torch"), []))
-        for row in g["rows"]:
-            d = summarize(samples.get((gi, "detops:" + row["mode"]), []))
-            ratio, paired = ratio_of_medians(tsum, d), paired_ratio(tsum, d)
-            results.append({"device": g["device"], "shape": g["shape"], "input": list(SHAPES[g["shape"]]),
-                            "layout": g["layout"], "threads": g["threads"], "mode": row["mode"],
-                            "benchmark": row["benchmark"], "torch_ms": tsum, "detops_ms": d, "ratio": ratio,
-                            "ratio_paired": paired, "detops_error": errors.get(row["benchmark"]),
-                            "torch_error": torch_errors.get(gi)})
-
-    ctx = bench.context
-    versions.update(git=git_describe(), detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
-                    detops_cpu_isa=ctx.get("detops_cpu_isa"),
-                    google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version(),
-                    bench_built=file_time(bench_path))
-    json_path, table_path = output_paths(args.out, args.table, "compare-bn")
-    doc = {
-        **doc_head("detops-compare-torch-bn/1", __file__, t_start),
-        "workload": {"shapes": {s: list(SHAPES[s]) for s in shapes}, "dtype": "float32", "eps": EPS,
-                     "momentum": MOMENTUM, "affine": True, "track_running_stats": True},
-        "settings": {"rounds": rounds_done, "rounds_requested": rounds, "calls_per_round": calls,
-                     "cuda_calls_per_round": cuda_calls, "min_time_s": min_time, "quick": args.quick,
-                     "devices": devices, "layouts": layouts, "modes": modes,
-                     "threads": [int(x) for x in args.threads.split(",")], "torch_default_threads": default_threads,
-                     "timing": TIMING,
-                     "what_is_timed": {
-                         "torch": "y = BatchNorm2d(C).train()(x); torch.autograd.grad(y, (x, weight, bias), "
-                                  "grad_y); NHWC: x and grad_y channels_last",
-                         "detops": "BM_SyncBnTrainStep: sync_batch_norm_forward + sync_batch_norm_backward, "
-                                   "communicator nullptr, preallocated outputs"}},
-        **doc_run(machine, load_samples, versions, bench, bench_path),
-        "results": results,
-        "notes": args.note,
-    }
-    doc["target"] = check_target(results)
-    write_outputs(PROG, doc, render_table(doc), json_path, table_path)
+    write(rounds_done, quiet=False)
     return 0
+
+
 
 
 if __name__ == "__main__":

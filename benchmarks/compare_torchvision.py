@@ -45,6 +45,7 @@ ratios, the issue-5 targets, versions, thread counts, machine information and lo
 
 import argparse
 import hashlib
+import importlib
 import os
 import platform
 import statistics
@@ -53,7 +54,7 @@ import sys
 import tempfile
 import time
 
-from bench_common import (TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
+from bench_common import (CUDA_CHAIN, TIMING, Bench, add_timing_args, alternating_rounds, cell, csv_list, doc_head, doc_run,
                           ensure_torch, file_time, find_bench, fmt_ms, fmt_ratio, git_describe, loadavg, machine_info,
                           output_paths, paired_ratio, print_round, ratio_of_medians, summarize, timing_settings,
                           write_outputs)
@@ -209,7 +210,8 @@ class TorchSide:
         self.rois_rows = rois_rows
         self.cache = {}
         self.det_status = {}  # variant -> "ok" or why not
-        import torchvision.ops.roi_align as m
+        # the module, not the function torchvision.ops re-exports under the same name
+        m = importlib.import_module("torchvision.ops.roi_align")
         self.has_python_fallback = hasattr(m, "_roi_align")
 
     # inputs, one set per (device, layout)
@@ -228,10 +230,11 @@ class TorchSide:
             self.cache[key] = (x.to(dev), rois.to(dev), grad.to(dev))
         return self.cache[key]
 
-    def _time_chain(self, device, calls, stages):
-        """Times `calls` calls of stages[0], stages[1](result), ...: per call the cumulative ms at the
-        end of each stage (wall clock on the CPU, CUDA events on the GPU); returns the per-stage
-        (median, samples)."""
+    def _time_chain(self, device, calls, stages, chain=1):
+        """Times `calls` samples of stages[0], stages[1](result), ...: per sample the cumulative ms at
+        the end of each stage (wall clock on the CPU, CUDA events on the GPU); on CUDA a sample runs
+        the stages `chain` times back to back (CUDA_CHAIN for the native ops: the timing of
+        detops_bench) and reports the average per run. Returns the per-stage (median, samples)."""
         torch = self.torch
         per_stage = [[] for _ in stages]
         for _ in range(calls):
@@ -243,22 +246,37 @@ class TorchSide:
                     marks.append(time.perf_counter())
                 ms = [(m - marks[0]) * 1e3 for m in marks[1:]]
             else:
-                events = [torch.cuda.Event(enable_timing=True) for _ in range(len(stages) + 1)]
+                # an event after every stage of every run; stage i's time is the sum over runs of
+                # (its event - the event before it)
+                events = [[torch.cuda.Event(enable_timing=True) for _ in stages] for _ in range(chain)]
+                start = torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
-                events[0].record()
-                r = None
-                for i, f in enumerate(stages):
-                    r = f() if i == 0 else f(r)
-                    events[i + 1].record()
-                events[-1].synchronize()
-                ms = [events[0].elapsed_time(e) for e in events[1:]]
+                start.record()
+                for j in range(chain):
+                    r = None
+                    for i, f in enumerate(stages):
+                        r = f() if i == 0 else f(r)
+                        events[j][i].record()
+                    if j + 1 < chain:
+                        del r
+                events[-1][-1].synchronize()
+                stage_ms = [0.0] * len(stages)
+                prev = start
+                for j in range(chain):
+                    for i in range(len(stages)):
+                        stage_ms[i] += prev.elapsed_time(events[j][i])
+                        prev = events[j][i]
+                ms, acc = [], 0.0
+                for v in stage_ms:
+                    acc += v
+                    ms.append(acc / chain)
             del r
             for i, v in enumerate(ms):
                 per_stage[i].append(v)
         return [(statistics.median(v), v) for v in per_stage]
 
-    def _median_of(self, device, calls, f):
-        return self._time_chain(device, calls, [f])[0]
+    def _median_of(self, device, calls, f, chain=1):
+        return self._time_chain(device, calls, [f], chain)[0]
 
     def forward_fn(self, device, layout):
         x, rois, _ = self.inputs(device, layout)
@@ -281,10 +299,11 @@ class TorchSide:
     def time_native(self, device, layout, pass_, calls):
         """{'torchvision': ms, 'torchvision_op_only': ms (NHWC backward)} as (median, samples)."""
         out = {}
+        chain = CUDA_CHAIN if device == "cuda" else 1
         if pass_ == "forward":
-            out["torchvision"] = self._median_of(device, calls, self.forward_fn(device, layout))
+            out["torchvision"] = self._median_of(device, calls, self.forward_fn(device, layout), chain)
         else:
-            stages = self._time_chain(device, calls, self.backward_stages(device, layout))
+            stages = self._time_chain(device, calls, self.backward_stages(device, layout), chain)
             out["torchvision"] = stages[-1]
             if layout == "nhwc":
                 out["torchvision_op_only"] = stages[0]
@@ -604,6 +623,65 @@ def main():
         if cuda_ok:
             torch.cuda.synchronize()
 
+    def write(rounds_done, quiet):
+        """The JSON and the table of the rounds done so far."""
+        results = []
+        for gi, g in enumerate(groups):
+            baselines = {}
+            for (gj, key), vals in samples.items():
+                if gj == gi and key.startswith("tv:"):
+                    baselines[key[3:]] = summarize(vals)
+            for row in g["rows"]:
+                d = summarize(samples.get((gi, "detops:" + str(row["mode"])), []))
+                ratios = {k: ratio_of_medians(b, d) for k, b in baselines.items()}
+                paired = {k: p for k, b in baselines.items() if (p := paired_ratio(b, d)) is not None}
+                results.append({**{k: row[k] for k in ("device", "pass", "layout", "threads", "mode", "benchmark")},
+                                "detops_ms": d, "detops_error": errors.get(row["benchmark"]),
+                                "torchvision_error": tv_errors.get(gi),
+                                "baselines": baselines, "ratios": ratios, "ratios_paired": paired})
+
+        det_status = {}
+        if tside:
+            for (variant, device, layout, pass_), st in tside.det_status.items():
+                det_status[f"{variant} {device} {pass_} {layout}"] = st
+        ctx = bench.context
+        versions.update(git=git_describe(), bench_built=file_time(bench_path))
+        versions.update(detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
+                        google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version())
+        json_path, table_path = output_paths(args.json, args.table, "compare")
+
+        doc = {
+            **doc_head("detops-compare-torchvision/1", __file__, t_start),
+            "workload": {
+                "description": (f"float32 [{N}, {C}, {H}, {W}], {K} rois (16..400 px, seed {ROI_SEED}), "
+                                f"{POOLED}x{POOLED}, sampling_ratio {SAMPLING_RATIO}, aligned, spatial_scale "
+                                f"{SPATIAL_SCALE}, avg pooling"),
+                "input": [N, C, H, W], "dtype": "float32", "rois": K, "pooled": [POOLED, POOLED],
+                "sampling_ratio": SAMPLING_RATIO, "aligned": ALIGNED, "spatial_scale": SPATIAL_SCALE,
+                "rois_info": rois_info,
+            },
+            "settings": {"rounds": rounds_done, "rounds_requested": rounds, "calls_per_round": calls, "cuda_calls_per_round": cuda_calls,
+                         "min_time_s": min_time, "quick": args.quick,
+                         "threads": [int(t) for t in args.threads.split(",")], "devices": args.devices.split(","),
+                         "tv_compile": tv_compile, "torch_default_threads": default_threads,
+                         "timing": TIMING,
+                         "what_is_timed": {
+                             "torchvision forward": "torchvision.ops.roi_align (NHWC: channels_last input, copied "
+                                                    "to NCHW inside; NCHW output)",
+                             "torchvision backward": "torch.ops.torchvision._roi_align_backward, grad_output in the "
+                                                     "input's layout; NHWC: + .contiguous(channels_last), as x.grad",
+                             "torchvision_deterministic": "torch.use_deterministic_algorithms(True), "
+                                                          "roi_align through autograd (torch.autograd.grad)",
+                             "detops": "detops_bench per-iteration time, preallocated outputs and workspace"}},
+            **doc_run(machine, load_samples, versions, bench, bench_path),
+            "torchvision_deterministic": {"python_fallback": tside.has_python_fallback if tside else None,
+                                          "status": det_status},
+            "results": results,
+            "notes": args.note,
+        }
+        doc["targets"] = check_targets(results)
+        write_outputs(PROG, doc, render_table(doc), json_path, table_path, quiet)
+
     rounds_done = 0
     for rnd in alternating_rounds(PROG, rounds, args.max_seconds, t_start):
         rounds_done += 1
@@ -631,66 +709,13 @@ def main():
             print_round(rnd, rounds, t_start, label, 22, "torchvision", samples.get((gi, "tv:torchvision"), [None])[-1],
                         gi, g["rows"], samples)
         load_samples.append({"t": round(time.time() - t_start, 1), "load": loadavg()})
+        write(rounds_done, quiet=True)
     if torch:
         torch.set_num_threads(default_threads)
-
-    results = []
-    for gi, g in enumerate(groups):
-        baselines = {}
-        for (gj, key), vals in samples.items():
-            if gj == gi and key.startswith("tv:"):
-                baselines[key[3:]] = summarize(vals)
-        for row in g["rows"]:
-            d = summarize(samples.get((gi, "detops:" + str(row["mode"])), []))
-            ratios = {k: ratio_of_medians(b, d) for k, b in baselines.items()}
-            paired = {k: p for k, b in baselines.items() if (p := paired_ratio(b, d)) is not None}
-            results.append({**{k: row[k] for k in ("device", "pass", "layout", "threads", "mode", "benchmark")},
-                            "detops_ms": d, "detops_error": errors.get(row["benchmark"]),
-                            "torchvision_error": tv_errors.get(gi),
-                            "baselines": baselines, "ratios": ratios, "ratios_paired": paired})
-
-    det_status = {}
-    if tside:
-        for (variant, device, layout, pass_), st in tside.det_status.items():
-            det_status[f"{variant} {device} {pass_} {layout}"] = st
-    ctx = bench.context
-    versions.update(git=git_describe(), bench_built=file_time(bench_path))
-    versions.update(detops=ctx.get("detops_version"), detops_cuda=ctx.get("detops_cuda"),
-                    google_benchmark_build_type=ctx.get("library_build_type"), python=platform.python_version())
-    json_path, table_path = output_paths(args.json, args.table, "compare")
-
-    doc = {
-        **doc_head("detops-compare-torchvision/1", __file__, t_start),
-        "workload": {
-            "description": (f"float32 [{N}, {C}, {H}, {W}], {K} rois (16..400 px, seed {ROI_SEED}), "
-                            f"{POOLED}x{POOLED}, sampling_ratio {SAMPLING_RATIO}, aligned, spatial_scale "
-                            f"{SPATIAL_SCALE}, avg pooling"),
-            "input": [N, C, H, W], "dtype": "float32", "rois": K, "pooled": [POOLED, POOLED],
-            "sampling_ratio": SAMPLING_RATIO, "aligned": ALIGNED, "spatial_scale": SPATIAL_SCALE,
-            "rois_info": rois_info,
-        },
-        "settings": {"rounds": rounds_done, "rounds_requested": rounds, "calls_per_round": calls, "cuda_calls_per_round": cuda_calls,
-                     "min_time_s": min_time, "quick": args.quick,
-                     "threads": [int(t) for t in args.threads.split(",")], "devices": args.devices.split(","),
-                     "tv_compile": tv_compile, "torch_default_threads": default_threads,
-                     "timing": TIMING,
-                     "what_is_timed": {
-                         "torchvision forward": "torchvision.ops.roi_align (NHWC: channels_last input, copied "
-                                                "to NCHW inside; NCHW output)",
-                         "torchvision backward": "torch.ops.torchvision._roi_align_backward, grad_output in the "
-                                                 "input's layout; NHWC: + .contiguous(channels_last), as x.grad",
-                         "torchvision_deterministic": "torch.use_deterministic_algorithms(True), "
-                                                      "roi_align through autograd (torch.autograd.grad)",
-                         "detops": "detops_bench per-iteration time, preallocated outputs and workspace"}},
-        **doc_run(machine, load_samples, versions, bench, bench_path),
-        "torchvision_deterministic": {"python_fallback": tside.has_python_fallback if tside else None,
-                                      "status": det_status},
-        "results": results,
-        "notes": args.note,
-    }
-    doc["targets"] = check_targets(results)
-    write_outputs(PROG, doc, render_table(doc), json_path, table_path)
+    write(rounds_done, quiet=False)
     return 0
+
+
 
 
 if __name__ == "__main__":

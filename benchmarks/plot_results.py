@@ -90,9 +90,14 @@ def config_label(layout, threads, extra=None):
 
 def read_bench_json(path, name_filter=None):
     """Backward runs (names matching name_filter, a regex, when given):
-    {(device, dtype, layout, head, sampling, pool, threads): {mode: ms}}."""
-    with open(path) as f:
-        data = json.load(f)
+    {(device, dtype, layout, head, sampling, pool, threads): {mode: ms}}; None (with a warning) when
+    the file is missing or not complete JSON (a benchmark run that was stopped)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"plot: {path}: {e}; no modes chart from it", file=sys.stderr)
+        return None
     rows = data.get("benchmarks", [])
     have_median = any(b.get("aggregate_name") == "median" for b in rows)
     out = {}

@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
     cuda_state = "not in this build";
     register_cuda_placeholders("no CUDA backend in this build");
   } else if (devices == 0) {
-    cuda_state = "compiled, no device";
+    cuda_state = "compiled, no device (" + cuda_unavailable_reason() + ")";
     register_cuda_placeholders("no CUDA device");
   } else if (!DETOPS_BENCH_CUDA) {
     cuda_state = fmt::format("{} device(s), but built without DETOPS_BENCH_CUDA", devices);

@@ -9,12 +9,16 @@ namespace internal {
 
 bool cuda_backend_compiled() { return true; }
 
-int cuda_devices() {
+int cuda_devices(std::string* why) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
     (void)cudaGetLastError();
+    // e.g. cudaErrorInsufficientDriver: a driver older than the toolkit reads as "no device"
+    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
     return 0;
   }
+  if (n == 0 && why) *why = "cudaGetDeviceCount found no device";
   return n;
 }
 

@@ -476,7 +476,7 @@ int main(int argc, char** argv) {
 
     const int gpus = cuda_device_count();
     const std::string cuda = !cuda_compiled() ? "not in this build"
-                             : gpus == 0      ? "compiled, no device (GPU rows skipped)"
+                             : gpus == 0      ? fmt::format("compiled, no device ({}; GPU rows skipped)", cuda_unavailable_reason())
                                               : fmt::format("{} device(s), using cuda:0", gpus);
 
     progress(args->quick ? "building the --quick workload..." : "building the workload...");

@@ -80,5 +80,9 @@ Allocator& default_allocator() {
 
 bool cuda_compiled() { return internal::cuda_backend_compiled(); }
 int cuda_device_count() { return internal::cuda_devices(); }
+std::string cuda_unavailable_reason() {
+  std::string why;
+  return internal::cuda_devices(&why) > 0 ? std::string() : why;
+}
 
 }  // namespace detops

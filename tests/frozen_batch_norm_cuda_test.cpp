@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "detops/frozen_batch_norm.h"
+#include "gpu_test.h"
 #include "test_util.h"
 
 namespace detops {
@@ -32,12 +33,6 @@ namespace detops {
 namespace {
 
 using Epi = FrozenBnEpilogue;
-
-#define DETOPS_REQUIRE_GPU()                                                                   \
-  do {                                                                                         \
-    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
-  } while (0)
 
 const char* epi_name(Epi e) {
   switch (e) {

@@ -16,18 +16,13 @@
 
 #include "cuda_stream.h"
 #include "reference/roi_align_reference.h"
+#include "gpu_test.h"
 #include "test_util.h"
 
 namespace detops {
 namespace {
 
 using test::make_tensor;
-
-#define DETOPS_REQUIRE_GPU()                                                                   \
-  do {                                                                                         \
-    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
-  } while (0)
 
 Tensor on_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
 Tensor on_cpu(const Tensor& t) { return t.to(Device::cpu()); }

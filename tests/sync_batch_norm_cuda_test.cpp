@@ -25,6 +25,7 @@
 #include "cuda_stream.h"
 #include "detops/communicator.h"
 #include "detops/sync_batch_norm.h"
+#include "gpu_test.h"
 #include "test_util.h"
 
 namespace detops {
@@ -33,12 +34,6 @@ namespace detops {
 [[maybe_unused]] static void PrintTo(SyncBnMode m, std::ostream* os) { *os << (m == SyncBnMode::kExact ? "exact" : "default"); }
 
 namespace {
-
-#define DETOPS_REQUIRE_GPU()                                                                   \
-  do {                                                                                         \
-    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
-  } while (0)
 
 /// Layouts: dense NCHW, dense NHWC, an NCHW W-slice of a wider buffer (rows not contiguous
 /// with each other: the kernels' generic position path), and a channels-last W-slice (channels

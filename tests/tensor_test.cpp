@@ -69,6 +69,17 @@ TEST(Tensor, CudaTensorsWithoutCudaAreAClearError) {
   }
 }
 
+// cuda_unavailable_reason() says why there is no device, and is empty exactly when there is one.
+TEST(Context, CudaUnavailableReasonExplainsAZeroDeviceCount) {
+  const std::string why = cuda_unavailable_reason();
+  EXPECT_EQ(why.empty(), cuda_device_count() > 0) << why;
+  if (!cuda_compiled()) {
+    EXPECT_NE(why.find("no CUDA backend"), std::string::npos) << why;
+  } else if (cuda_device_count() == 0) {
+    EXPECT_NE(why.find("cudaGetDeviceCount"), std::string::npos) << why;  // the runtime's own words
+  }
+}
+
 TEST(Context, ResolvedThreads) {
   Context c;
   EXPECT_GE(c.resolved_threads(), 1);

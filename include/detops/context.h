@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "detops/tensor.h"
 
@@ -71,5 +72,8 @@ struct Context {
 /// Whether this build contains the CUDA backend, and how many devices are visible (0 if none).
 bool cuda_compiled();
 int cuda_device_count();
+/// Why cuda_device_count() is 0: no CUDA backend in this build, the CUDA runtime's error (a
+/// driver older than the toolkit, no driver at all), or no device; empty when a device is visible.
+std::string cuda_unavailable_reason();
 
 }  // namespace detops

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "detops/tensor.h"
 
@@ -10,7 +11,8 @@ namespace detops {
 namespace internal {
 
 bool cuda_backend_compiled();
-int cuda_devices();
+/// Visible devices; 0 when none or when the runtime fails, and then `why` (when given) says which.
+int cuda_devices(std::string* why = nullptr);
 /// Synchronous allocation and free (for Tensor).
 void* cuda_malloc(std::size_t bytes, Device d);
 void cuda_free(void* p, Device d) noexcept;

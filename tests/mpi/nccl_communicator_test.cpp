@@ -23,16 +23,11 @@
 
 #include "detops/nccl.h"
 #include "detops/sync_batch_norm.h"
+#include "gpu_test.h"
 #include "test_util.h"
 
 namespace detops {
 namespace {
-
-#define DETOPS_REQUIRE_GPU()                                                                   \
-  do {                                                                                         \
-    if (!cuda_compiled()) GTEST_SKIP() << "detops was built without the CUDA backend";         \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device present: GPU test skipped"; \
-  } while (0)
 
 /// A one-rank NCCL world on device 0, destroyed by the test (the communicator only borrows it).
 class OneRankWorld {
