@@ -27,7 +27,8 @@ ROOT = os.path.dirname(HERE)
 CUDA_CHAIN = 10
 TIMING = {"cpu": "wall clock (time.perf_counter; Google Benchmark real_time), one call per sample",
           "cuda": f"CUDA events around {CUDA_CHAIN} back-to-back calls, per call (torch.cuda.Event; "
-                  f"Google Benchmark manual_time, bench_util.h kCudaChain)"}
+                  f"Google Benchmark manual_time, bench_util.h kCudaChain); torchvision's deterministic "
+                  f"fallback one call per sample (its calls take milliseconds or more)"}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ void cuda_stream_synchronize(Device d, void* stream) {
 void cuda_memset(void* p, int value, std::size_t bytes, Device d) {
   DeviceGuard guard(d.index, "memset");
   DETOPS_CUDA_CHECK(cudaMemset(p, value, bytes), "memset");
+  // cudaMemset is queued on the legacy default stream, which a non-blocking stream does not wait
+  // for: wait here (as copy_bytes does), so Tensor::zeros / fill_bytes are complete on return and
+  // work on any stream sees the bytes.
+  DETOPS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy), "memset");
 }
 
 }  // namespace internal

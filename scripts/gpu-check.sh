@@ -22,13 +22,14 @@
 #   GPU_CHECK_BUDGET            seconds for the whole run (default 480)
 #   GPU_CHECK_PHASES            phases to run after the build (default: all, in the order above)
 #   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
-#   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.1)
+#   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.01: CUDA time per call,
+#                               and an iteration runs 10 calls, so about 0.1 s of device time)
 #   BENCH_REPETITIONS           repetitions, for the medians (default 3)
 #   PYTHON                      the python with torch and torchvision (default python3)
 #   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda
-#                               --rounds 3 --tv-compile off)
+#                               --rounds 3 --tv-compile off --min-time 0.02)
 #   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
-#                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.1)
+#                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.01)
 #   SANITIZER_TOOLS             compute-sanitizer tools (default "memcheck"; add racecheck,
 #                               initcheck when there is time; empty: the phase is skipped)
 #   SANITIZER_FILTER_<exe>      --gtest_filter for one executable (defaults below)
@@ -90,10 +91,11 @@ mkdir -p "$logs" "$results"
 left() { echo $((budget - SECONDS)); }
 
 # phase NAME CAP COMMAND...: runs COMMAND (a function) with PHASE_LIMIT = at most CAP seconds and
-# what is left of the budget, less 15 s for the summary; the function runs its long commands
-# through `limited`, which stops them there. Its output goes to the terminal and to
-# build-gpu/gpu-check/NAME.log; the name, seconds and result are recorded; then it publishes. A
-# phase with under 20 s left is skipped.
+# what is left of the budget, less 15 s for the summary, and PHASE_DEADLINE (in $SECONDS) where
+# that ends; the function runs its long commands through `limited`, which stops each at the
+# deadline. Its output goes to the terminal and to build-gpu/gpu-check/NAME.log; the name,
+# seconds and result are recorded; then it publishes. A phase with under 20 s left is skipped;
+# skipping one the check cannot do without (gtest, configure, build, tests) fails the check.
 phase() {
   local name=$1 cap=$2 log=$logs/$1.log
   shift 2
@@ -101,13 +103,19 @@ phase() {
   ((limit > cap)) && limit=$cap
   if ((limit < 20)); then
     echo "== $name: skipped, out of time (budget ${budget}s) =="
-    phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "skipped: out of time")")
+    case $name in
+      gtest | configure | build | tests)
+        phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "FAILED: skipped, out of time")")
+        status=1 ;;
+      *) phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "skipped: out of time")") ;;
+    esac
     publish
     return 1
   fi
   echo "== $name (up to ${limit}s) =="
   local start=$SECONDS rc
   PHASE_LIMIT=$limit
+  PHASE_DEADLINE=$((SECONDS + limit))
   "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   local result
@@ -128,7 +136,13 @@ skip_phase() {  # NAME WHY
   publish
 }
 
-limited() { timeout --kill-after=5 "$PHASE_LIMIT" "$@"; }
+# seconds to the phase's deadline (at least 1)
+until_deadline() {
+  local t=$((PHASE_DEADLINE - SECONDS))
+  ((t < 1)) && t=1
+  echo "$t"
+}
+limited() { timeout --kill-after=5 "$(until_deadline)" "$@"; }
 
 wanted() { [[ -z ${GPU_CHECK_PHASES:-} || " $GPU_CHECK_PHASES " == *" $1 "* ]]; }
 
@@ -187,7 +201,7 @@ configure() {
 # -k 0: one target that fails to build does not stop the others.
 build_targets() {
   local targets=("${cuda_tests[@]}" detops_bench)
-  if ninja -C "$build" -t targets all 2> /dev/null | grep -qE '(^|/)detops_nccl_communicator_test:'; then
+  if ninja -C "$build" -t targets all 2> /dev/null | grep -E '(^|/)detops_nccl_communicator_test:' > /dev/null; then
     targets+=(detops_nccl_communicator_test)
   fi
   echo "targets: ${targets[*]}"
@@ -204,7 +218,9 @@ run_tests() {
   total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$ctest_out")
   if [[ $gpu_visible == 1 && -n $total && $total -gt 0 && $skipped -eq $total ]]; then
-    echo "gpu-check: a GPU is visible but all $total gpu tests skipped: $(grep -m 1 -o 'no CUDA device: [^;]*' "$ctest_out")"
+    # ctest does not print a skipped test's output: ask one test binary why
+    echo "gpu-check: a GPU is visible but all $total gpu tests skipped:" \
+      "$("$build/tests/detops_roi_align_cuda_test" --gtest_filter='RoiAlignCudaStreams.*' 2>&1 | grep -m 1 -o 'no CUDA device: [^;]*')"
     return 3
   fi
   return "$rc"
@@ -214,12 +230,12 @@ run_benchmarks() {
   local name rc=0 json t
   for name in "${bench_order[@]}"; do
     json=$results/gpu-$name-$date.json
-    t=$(( $(left) - 20 ))
+    t=$(until_deadline)
     ((t > PHASE_LIMIT / 2)) && t=$((PHASE_LIMIT / 2))
-    if ((t < 15)); then echo "bench $name: skipped, out of time"; rc=1; continue; fi
+    if ((t < 15)); then echo "bench $name: skipped, out of time"; continue; fi
     echo "-- bench $name (up to ${t}s) --"
     timeout "$t" "$build/benchmarks/detops_bench" --benchmark_filter="${bench_filters[$name]}" \
-      --benchmark_out="$json" --benchmark_out_format=json --benchmark_min_time="${BENCH_MIN_TIME:-0.1}" \
+      --benchmark_out="$json" --benchmark_out_format=json --benchmark_min_time="${BENCH_MIN_TIME:-0.01}" \
       --benchmark_repetitions="${BENCH_REPETITIONS:-3}" --benchmark_report_aggregates_only=true || rc=1
   done
   return "$rc"
@@ -230,14 +246,14 @@ run_compare() {
   # shellcheck disable=SC2086  # COMPARE_ARGS is a list of words
   limited "$python" benchmarks/compare_torchvision.py --bench "$build/benchmarks/detops_bench" \
     --json "$compare_json" --table "$compare_txt" --max-seconds $((PHASE_LIMIT * 3 / 4)) --bench-timeout 60 \
-    ${COMPARE_ARGS:---devices cuda --rounds 3 --tv-compile off}
+    ${COMPARE_ARGS:---devices cuda --rounds 3 --tv-compile off --min-time 0.02}
 }
 
 run_compare_bn() {
   # shellcheck disable=SC2086  # COMPARE_BN_ARGS is a list of words
   limited "$python" benchmarks/compare_torch_bn.py --bench "$build/benchmarks/detops_bench" \
     --out "$compare_bn_json" --table "$compare_bn_txt" --max-seconds $((PHASE_LIMIT * 3 / 4)) --bench-timeout 40 \
-    ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.1}
+    ${COMPARE_BN_ARGS:---device cuda --shapes res2,res5,box --modes default,exact --rounds 3 --min-time 0.01}
 }
 
 find_compute_sanitizer() {
@@ -264,7 +280,10 @@ run_compute_sanitizer() {
         failed=1
         continue
       fi
-      if (($(left) < 40)); then
+      local t
+      t=$(until_deadline)
+      ((t > 90)) && t=90
+      if ((t < 20)); then
         echo "$(printf '%-9s %-36s' "$tool" "$exe") skipped: out of time" | tee -a "$sanitizer_txt"
         continue
       fi
@@ -273,7 +292,7 @@ run_compute_sanitizer() {
       [[ $tool == racecheck ]] && filter=${filter%%:*}  # racecheck is the slowest: one case
       log=$logs/sanitizer-$tool-$exe.log
       start=$SECONDS
-      timeout 90 "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+      timeout "$t" "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
         "$build/tests/$exe" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1
       rc=$?
       if grep -q 'Device not supported' "$log"; then
@@ -288,7 +307,7 @@ run_compute_sanitizer() {
         0) result="ok" ;;
         87) result="FAILED (no test ran: check the --gtest_filter)"; failed=1 ;;
         86) result="FAILED (errors reported)"; failed=1 ;;
-        124) result="FAILED (timed out after 90s)"; failed=1 ;;
+        124) result="FAILED (timed out after ${t}s)"; failed=1 ;;
         *) result="FAILED (exit $rc)"; failed=1 ;;
       esac
       echo "$(printf '%-9s %-36s %4ds' "$tool" "$exe" $((SECONDS - start))) $result; ${ran:-no tests ran}; ${errors:-no sanitizer summary}" |

@@ -91,7 +91,8 @@ class Tensor {
   std::int64_t numel() const { return view_.numel(); }
   std::int64_t size(int d) const { return view_.sizes[d]; }
   std::size_t nbytes() const { return bytes_; }
-  /// Fill every byte with the given value (a "poisoned" buffer in tests).
+  /// Fill every byte with the given value (a "poisoned" buffer in tests). Synchronous, as zeros()
+  /// and to() are: a device fill is complete on return, whatever stream the next op runs on.
   void fill_bytes(unsigned char value);
 
  private:
