@@ -18,6 +18,7 @@
 
 #include "internal/common.h"
 #include "internal/cpu_isa.h"
+#include "internal/half_convert.h"
 #include "internal/roi_align_backend.h"
 
 namespace detops {
@@ -216,16 +217,20 @@ void pool_roi_planes(const T* plane, const detail::Strides4& in, const Sample<A>
       std::fill(best_index, best_index + G, -1);
       for (std::int64_t i = 0; i < per_bin; ++i) {
         const Sample<A>& p = q[i];
+        // selects, and the validity decided once per sample (as in the channels-last loop)
+        auto take = [&](int g, A v) {
+          const bool wins = detail::max_pool_takes(v, best[g], best_index[g]);
+          best[g] = wins ? v : best[g];
+          best_index[g] = wins ? p.index : best_index[g];
+        };
+        if (!p.valid) {  // counts as value 0
+          for (int g = 0; g < G; ++g) take(g, A(0));
+          continue;
+        }
         const Corners o = corners(p, in.s2, in.s3);
         for (int g = 0; g < G; ++g) {
           const T* pl = plane + g * in.s1;
-          const A v = p.valid ? p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) +
-                                    p.w4 * to_acc(pl[o.o4])
-                              : A(0);
-          if (detail::max_pool_takes(v, best[g], best_index[g])) {
-            best[g] = v;
-            best_index[g] = p.index;
-          }
+          take(g, p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) + p.w4 * to_acc(pl[o.o4]));
         }
       }
       std::int32_t* a = r.argmax + ph * as.s2 + pw * as.s3;
