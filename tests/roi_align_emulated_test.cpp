@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <tuple>
 
@@ -49,9 +51,10 @@ Case make_case(DType dt, Layout layout, PoolMode pool, std::int64_t sr, bool ali
 }
 
 template <class T>
-Tensor emulate_forward(const Case& c, DType dt, Layout layout, bool channels_last_threads) {
+Tensor emulate_forward(const Case& c, DType dt, Layout layout, bool channels_last_threads, Tensor* argmax = nullptr) {
   Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
   Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
+  if (argmax) *argmax = am;
   detail::ForwardArgs<T> a{};
   a.input = c.input.data<T>();
   a.in = st(c.input);
@@ -274,6 +277,53 @@ std::string case_name(const ::testing::TestParamInfo<Param>& i) {
   const auto [dt, layout, pool, sr, aligned] = i.param;
   return std::string(dtype_name(dt)) + (layout == Layout::kNHWC ? "_nhwc_" : "_nchw_") + to_string(pool) +
          (sr > 0 ? "_sr2" : "_adaptive") + (aligned ? "_aligned" : "_legacy");
+}
+
+// Max pooling's rules where the data is not plain: a NaN sample wins once and sticks, inf and
+// -inf compete as values, ties keep the first sample, an out-of-apron sample counts as 0. The CPU
+// loops (selects, validity decided per sample, F16C for float16) against the kernel body:
+// outputs equal bit for bit except NaN vs NaN (payloads are not part of the guarantee), argmax
+// equal everywhere.
+template <class T>
+void check_max_specials(DType dt, Layout layout, std::int64_t sr) {
+  Case c = make_case(dt, layout, PoolMode::kMax, sr, true);
+  std::vector<double> v = test::to_vector(c.input);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < v.size(); i += 97) v[i] = std::numeric_limits<double>::quiet_NaN();
+  for (std::size_t i = 13; i < v.size(); i += 89) v[i] = inf;
+  for (std::size_t i = 29; i < v.size(); i += 83) v[i] = -inf;
+  for (std::size_t i = 200; i < 600; ++i) v[i] = 0.5;  // ties
+  c.input = make_tensor({c.shape.N, c.shape.C, c.shape.H, c.shape.W}, dt, v, layout);
+  Tensor want_am;
+  const Tensor want = emulate_forward<T>(c, dt, layout, layout == Layout::kNHWC, &want_am);
+  for (int threads : {1, 2}) {
+    Context ctx;
+    ctx.num_threads = threads;
+    Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
+    Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
+    roi_align_forward(c.input, c.rois, out, c.opt, ctx, am);
+    EXPECT_TRUE(test::same_bytes(am, want_am)) << "argmax, " << threads << " threads";
+    const std::vector<double> got = test::to_vector(out), ref = test::to_vector(want);
+    std::int64_t differ = 0, nans = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const bool both_nan = got[i] != got[i] && ref[i] != ref[i];
+      nans += both_nan;
+      differ += !both_nan && std::memcmp(&got[i], &ref[i], sizeof(double)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << threads << " threads";
+    EXPECT_GT(nans, 0) << "the data should reach some NaN outputs";
+  }
+}
+
+TEST(RoiAlignEmulated, MaxPoolingWithNanInfAndTiesIsTheKernelBody) {
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC})
+    for (std::int64_t sr : {0, 2}) {
+      SCOPED_TRACE(::testing::Message() << (layout == Layout::kNHWC ? "nhwc" : "nchw") << " sr " << sr);
+      check_max_specials<float>(DType::kFloat32, layout, sr);
+      check_max_specials<double>(DType::kFloat64, layout, sr);
+      check_max_specials<Half>(DType::kFloat16, layout, sr);
+      check_max_specials<BFloat16>(DType::kBFloat16, layout, sr);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(
