@@ -539,7 +539,12 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
   const V count = static_cast<V>(per_bin);
   auto scatter = [&ts](Target* pl, const Sample<A>& p, V g, V den) {
     auto add = [pl](std::int64_t off, V v) {
-      pl[off] = static_cast<Target>(from_double<Target>(static_cast<double>(static_cast<V>(to_acc(pl[off])) + v)));
+      const V sum = static_cast<V>(to_acc(pl[off])) + v;
+      // one rounding to Target: from the accumulator type directly where V is it (float for
+      // 16-bit targets: the same bits as through double, whose round-to-odd step is exact for
+      // a float), through double otherwise
+      if constexpr (std::is_same_v<V, acc_t<Target>>) pl[off] = from_acc<Target>(sum);
+      else pl[off] = static_cast<Target>(from_double<Target>(static_cast<double>(sum)));
     };
     const Corners o = corners(p, ts.s2, ts.s3);
     add(o.o1, g * static_cast<V>(p.w1) / den);
