@@ -217,12 +217,8 @@ void pool_roi_planes(const T* plane, const detail::Strides4& in, const Sample<A>
       std::fill(best_index, best_index + G, -1);
       for (std::int64_t i = 0; i < per_bin; ++i) {
         const Sample<A>& p = q[i];
-        // selects, and the validity decided once per sample (as in the channels-last loop)
-        auto take = [&](int g, A v) {
-          const bool wins = detail::max_pool_takes(v, best[g], best_index[g]);
-          best[g] = wins ? v : best[g];
-          best_index[g] = wins ? p.index : best_index[g];
-        };
+        // the validity decided once per sample, the winner by selects (as in the channels-last loop)
+        auto take = [&](int g, A v) { detail::max_pool_update(v, p.index, best[g], best_index[g]); };
         if (!p.valid) {  // counts as value 0
           for (int g = 0; g < G; ++g) take(g, A(0));
           continue;

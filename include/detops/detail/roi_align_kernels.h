@@ -110,6 +110,13 @@ template <class A>
 DETOPS_HOST_DEVICE inline bool max_pool_takes(A val, A best, std::int32_t best_index) {
   return best_index < 0 || val > best || (val != val && best == best);
 }
+/// The update itself, by selects (no branch: the CPU loops over channels vectorize with it).
+template <class A>
+DETOPS_HOST_DEVICE inline void max_pool_update(A val, std::int32_t index, A& best, std::int32_t& best_index) {
+  const bool wins = max_pool_takes(val, best, best_index);
+  best = wins ? val : best;
+  best_index = wins ? index : best_index;
+}
 
 template <class T>
 DETOPS_HOST_DEVICE inline void roi_align_forward_element(std::int64_t i, const ForwardArgs<T>& a) {
@@ -146,10 +153,7 @@ DETOPS_HOST_DEVICE inline void roi_align_forward_element(std::int64_t i, const F
         const A x = sample_coord(box.start_w, box.bin_w, bi.pw, ix, box.grid_w);
         const Bilinear<A> b = bilinear(y, x, s.H, s.W);
         const A val = b.valid ? interpolate(plane, a.in.s2, a.in.s3, b) : A(0);
-        if (max_pool_takes(val, best, best_index)) {
-          best = val;
-          best_index = static_cast<std::int32_t>(iy * box.grid_w + ix);
-        }
+        max_pool_update(val, static_cast<std::int32_t>(iy * box.grid_w + ix), best, best_index);
       }
     }
     *out = from_acc<T>(best);
