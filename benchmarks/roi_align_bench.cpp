@@ -42,7 +42,6 @@
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_util.h"  // dtype_short_name, timed_loop; DETOPS_BENCH_CUDA
@@ -376,18 +375,6 @@ void register_cuda_placeholders(const std::string& why) {
   }
 }
 
-/// Removes `flag` from argv; true when it was there.
-bool take_flag(int* argc, char** argv, const char* flag) {
-  for (int i = 1; i < *argc; ++i) {
-    if (std::strcmp(argv[i], flag) == 0) {
-      for (int j = i; j + 1 < *argc; ++j) argv[j] = argv[j + 1];
-      --*argc;
-      return true;
-    }
-  }
-  return false;
-}
-
 /// Removes `prefix` + VALUE (e.g. "--detops_dump_rois=") from argv; VALUE, or "" when absent.
 std::string take_value(int* argc, char** argv, const char* prefix) {
   const std::size_t n = std::strlen(prefix);
@@ -419,48 +406,37 @@ int dump_rois(const std::string& path) {
   return std::fclose(f) == 0 ? 0 : 1;
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// RoIAlign's part of detops_bench's main() (benchmarks/bench_main.cpp): --detops_dump_rois=PATH,
+// and the registrations, which depend on --detops_full and on the device.
 
-int main(int argc, char** argv) {
-  const bool full = take_flag(&argc, argv, "--detops_full");
-  const std::string rois_path = take_value(&argc, argv, "--detops_dump_rois=");
-  if (!rois_path.empty()) return dump_rois(rois_path);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+int take_flags(int* argc, char** argv) {
+  const std::string rois_path = take_value(argc, argv, "--detops_dump_rois=");
+  return rois_path.empty() ? -1 : dump_rois(rois_path);
+}
 
-  const int devices = cuda_device_count();
+std::string register_benchmarks(bool full, const std::string& cuda_skip) {
   if (full) register_grid(Device::cpu(), {1, 2}, true);
   else register_cpu_default();
-  std::string cuda_state;
-  if (!cuda_compiled()) {
-    cuda_state = "not in this build";
-    register_cuda_placeholders("no CUDA backend in this build");
-  } else if (devices == 0) {
-    cuda_state = "compiled, no device (" + cuda_unavailable_reason() + ")";
-    register_cuda_placeholders("no CUDA device");
-  } else if (!DETOPS_BENCH_CUDA) {
-    cuda_state = fmt::format("{} device(s), but built without DETOPS_BENCH_CUDA", devices);
-    register_cuda_placeholders("CUDA timing needs DETOPS_BENCH_CUDA=1 and the CUDA runtime at compile time");
-  } else {
-    cuda_state = fmt::format("{} device(s), benchmarks on cuda:0", devices);
-    register_grid(Device::cuda(0), {1}, full);
-  }
-
-  // One context line (also in the JSON output's "context"), before Google Benchmark's own.
-  const std::string workload = fmt::format(
-      "input [{}, {}, {}, {}] (P2 of {}x{} images), {} rois ({}/image, {}..{} px), spatial_scale {}, aligned",
+  if (cuda_skip.empty()) register_grid(Device::cuda(0), {1}, full);
+  else register_cuda_placeholders(cuda_skip);
+  return fmt::format(
+      "RoIAlign: input [{}, {}, {}, {}] (P2 of {}x{} images), {} rois ({}/image, {}..{} px), spatial_scale {}, "
+      "aligned",
       kN, kC, kH, kW, kImageH, kImageW, kK, kRoisPerImage, kMinBox, kMaxBox, kSpatialScale);
-  fmt::print("detops {} RoIAlign benchmarks | CUDA: {} | CPU hardware threads: {} | CPU vector instructions: {} | {}{}\n",
-             version_string(), cuda_state, std::thread::hardware_concurrency(), cpu_isa_name(cpu_isa_supported()),
-             workload, full ? " | --detops_full" : "");
-  std::fflush(stdout);
-  benchmark::AddCustomContext("detops_version", version_string());
-  benchmark::AddCustomContext("detops_cuda", cuda_state);
-  // the CPU kernels' instruction set when a benchmark does not name one (/isa_<name>)
-  benchmark::AddCustomContext("detops_cpu_isa", cpu_isa_name(cpu_isa_supported()));
-  benchmark::AddCustomContext("detops_workload", workload);
-
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
 }
+
+}  // namespace
+
+namespace detops {
+namespace bench {
+// Defined in bench_main.cpp, which documents it.
+using TakeFlags = int (*)(int* argc, char** argv);
+using RegisterBenchmarks = std::string (*)(bool full, const std::string& cuda_skip);
+bool add_main_hook(TakeFlags take_flags, RegisterBenchmarks register_benchmarks);
+}  // namespace bench
+}  // namespace detops
+
+namespace {
+[[maybe_unused]] const bool kMainHook = detops::bench::add_main_hook(take_flags, register_benchmarks);
+}  // namespace

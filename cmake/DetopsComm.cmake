@@ -79,7 +79,7 @@ if(NOT _detops_mpi_mode STREQUAL "OFF")
 endif()
 
 if(DETOPS_WITH_MPI)
-  add_library(detops_mpi src/mpi_communicator.cpp)
+  add_library(detops_mpi src/comm/mpi_communicator.cpp)
   _detops_comm_library(detops_mpi mpi)
   # PUBLIC: detops/mpi.h includes <mpi.h>.
   target_link_libraries(detops_mpi PUBLIC MPI::MPI_CXX)
@@ -129,7 +129,7 @@ if(DETOPS_WITH_NCCL)
       IMPORTED_LOCATION "${DETOPS_NCCL_LIBRARY}"
       INTERFACE_INCLUDE_DIRECTORIES "${DETOPS_NCCL_INCLUDE_DIR}")
   endif()
-  add_library(detops_nccl src/nccl_communicator.cpp)
+  add_library(detops_nccl src/comm/nccl_communicator.cpp)
   _detops_comm_library(detops_nccl nccl)
   # PUBLIC: detops/nccl.h includes <nccl.h>, which includes <cuda_runtime.h>.
   target_link_libraries(detops_nccl PUBLIC NCCL::NCCL CUDA::cudart)

@@ -40,6 +40,9 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+/// The caller's stream (nullptr: the legacy default stream).
+inline cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+
 constexpr int kBlock = 256;
 
 /// Blocks for a grid-stride loop over n items (n > 0).

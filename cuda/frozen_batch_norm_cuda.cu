@@ -81,22 +81,22 @@ void launch_typed(const FrozenBnCall& call, const Context& ctx) {
   using A = acc_t<T>;
   constexpr int V = static_cast<int>(16 / sizeof(T));
   cudaStream_t stream = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const TensorView& ref = call.a;
+  const TensorView& ref = call.input;
   const std::int64_t N = ref.sizes[0], C = ref.sizes[1], H = ref.sizes[2], W = ref.sizes[3];
   const std::int64_t n = N * C * H * W, HW = H * W;
-  const T* a = static_cast<const T*>(call.a.data);
-  const T* b = static_cast<const T*>(call.b.data);
-  T* out = static_cast<T*>(call.out.data);
-  T* out2 = static_cast<T*>(call.out2.data);
+  const T* a = static_cast<const T*>(call.input.data);
+  const T* b = static_cast<const T*>(call.aux.data);
+  T* out = static_cast<T*>(call.output.data);
+  T* out2 = static_cast<T*>(call.grad_residual.data);
   const A* scale = static_cast<const A*>(call.scale.data);
   const A* shift = static_cast<const A*>(call.shift.data);
 
-  const DenseLayout dense = frozen_bn_dense_layout(call);
-  const bool lanes_fit = (dense == DenseLayout::kNCHW && HW % V == 0) || (dense == DenseLayout::kNHWC && C % V == 0);
+  const std::optional<Layout> dense = frozen_bn_dense_layout(call);
+  const bool lanes_fit = (dense == Layout::kNCHW && HW % V == 0) || (dense == Layout::kNHWC && C % V == 0);
   const bool aligned = aligned16(a) && aligned16(out) && (!b || aligned16(b)) && (!out2 || aligned16(out2));
   if (lanes_fit && aligned) {
     const std::int64_t nvec = n / V;
-    const bool nhwc = dense == DenseLayout::kNHWC;
+    const bool nhwc = dense == Layout::kNHWC;
     if (!call.backward) {
       if (nhwc) forward_vec_kernel<T, V, kAdd, kRelu, true><<<grid_for(nvec), kBlock, 0, stream>>>(a, b, out, scale, shift, nvec, C, HW);
       else forward_vec_kernel<T, V, kAdd, kRelu, false><<<grid_for(nvec), kBlock, 0, stream>>>(a, b, out, scale, shift, nvec, C, HW);
@@ -113,22 +113,16 @@ void launch_typed(const FrozenBnCall& call, const Context& ctx) {
   check_launch(call.backward ? "backward_generic_kernel" : "forward_generic_kernel", call.op, ctx);
 }
 
-}  // namespace
-
-void frozen_bn_cuda(const FrozenBnCall& call, const Context& ctx) {
-  DeviceGuard guard(call.a.device.index, call.op);
-  dispatch_floating(call.a.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (call.epilogue) {
-      case FrozenBnEpilogue::kNone: launch_typed<T, false, false>(call, ctx); break;
-      case FrozenBnEpilogue::kRelu: launch_typed<T, false, true>(call, ctx); break;
-      case FrozenBnEpilogue::kAddRelu:
-        if (call.backward) launch_typed<T, false, true>(call, ctx);
-        else launch_typed<T, true, true>(call, ctx);
-        break;
-    }
+void run(const FrozenBnCall& call, const Context& ctx) {
+  DeviceGuard guard(call.input.device.index, call.op);
+  dispatch_floating(call.input.dtype, [&](auto tag) {
+    dispatch_epilogue(call, [&](auto add, auto relu) { launch_typed<decltype(tag), add(), relu()>(call, ctx); });
   });
 }
+
+}  // namespace
+
+extern const FrozenBnBackend kFrozenBnCuda = {&run};
 
 }  // namespace internal
 }  // namespace detops

@@ -14,6 +14,7 @@
 #include "cuda_check.cuh"
 #include "detops/detail/roi_align_kernels.h"
 #include "internal/roi_align_backend.h"
+#include "internal/scratch.h"
 
 namespace detops {
 namespace internal {
@@ -56,16 +57,12 @@ __global__ void forward_kernel(detail::ForwardArgs<T> a, std::int64_t n) {
 }
 
 template <class T, class V, class Target>
-__global__ void scatter_kernel(detail::BackwardArgs<T> a, std::int64_t n, Target* target, int narrow) {
+__global__ void scatter_kernel(detail::BackwardArgs<T> a, std::int64_t n, Target* target, detail::GradRounding rounding) {
   DETOPS_GRID_STRIDE(i, n) {
-    detail::roi_align_backward_scatter_element<T, V>(i, a, narrow,
+    detail::roi_align_backward_scatter_element<T, V>(i, a, rounding,
                                                      [target](std::int64_t off, V v) { atomic_add(target + off, v); });
   }
 }
-
-struct CheckResult {
-  unsigned long long first_bad;  // K when none
-};
 
 template <class A>
 __global__ void check_kernel(detail::RoiSource rois, detail::RoiAlignShape s, unsigned long long* first_bad,
@@ -115,7 +112,7 @@ __global__ void gather_kernel(detail::GatherArgs<T> a, const std::int64_t* num_r
   DETOPS_GRID_STRIDE(t, n) detail::roi_align_exact_gather_element(t, a, channels_last, runs);
 }
 
-/// Writes f(linear NCHW index) into every element of a strided 4-d tensor.
+/// Writes zero into every element of a strided 4-d tensor.
 template <class T>
 __global__ void fill_zero_kernel(T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
   DETOPS_GRID_STRIDE(i, n) {
@@ -135,8 +132,6 @@ __global__ void cast_kernel(const double* buf, T* p, Strides4 st, std::int64_t C
 
 // ---------------------------------------------------------------------------------------------
 // Host helpers
-
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
 
 /// A dense view (contiguous NCHW or NHWC with no gaps) can be zeroed with one memset.
 bool is_dense(const TensorView& v) {
@@ -288,7 +283,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
   // Phase 3: one fixed-order sum per (run, channel).
   const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
-  const bool channels_last = channels_last_order(call.features);
+  const bool channels_last = channels_innermost(call.features);
   gather_kernel<T><<<grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C), kBlock, 0, stream>>>(ga, b.num_runs,
                                                                                                channels_last);
   check_launch("gather_kernel", op, ctx);
@@ -305,16 +300,14 @@ detail::BackwardArgs<T> backward_args(const RoiAlignCall& call, const Strides4& 
   a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};
   a.shape = call.shape;
   a.max_pool = call.max_pool;
-  a.channels_last = channels_last_order(call.pooled);
+  a.channels_last = channels_innermost(call.pooled);
   return a;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
-RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool need_total, const Context& ctx) {
+RoiCheck check_rois(const RoiAlignCall& call, bool need_total, const Context& ctx) {
   const char* op = call.op;
   DeviceGuard guard(call.features.device.index, op);
   cudaStream_t stream = stream_of(ctx);
@@ -331,17 +324,8 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
   l.add<std::int64_t>(1);
   l.add<std::int64_t>(need_total ? s.K : 0);
   l.add_bytes(reduce_bytes);
-  Allocator& alloc = ctx.allocator ? *ctx.allocator : default_allocator();
-  void* base = alloc.allocate(l.bytes(), call.features.device, ctx.cuda_stream);
-  struct Release {
-    Allocator& a;
-    void* p;
-    std::size_t n;
-    Device d;
-    void* st;
-    ~Release() { a.deallocate(p, n, d, st); }
-  } release{alloc, base, l.bytes(), call.features.device, ctx.cuda_stream};
-  l.bind(base);
+  const Scratch scratch(op, l.bytes(), call.features.device, ctx);
+  scratch.bind(l);
   auto* first_bad = l.take<unsigned long long>();
   auto* total = l.take<std::int64_t>();
   std::int64_t* counts = l.take<std::int64_t>();
@@ -362,7 +346,6 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
   if (need_total)
     DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
   DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
-  (void)validate;
 
   RoiCheck check;
   check.total_samples = sum;
@@ -389,7 +372,7 @@ RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool
   return check;
 }
 
-void roi_align_forward_cuda(const RoiAlignCall& call, const Context& ctx) {
+void forward(const RoiAlignCall& call, const Context& ctx) {
   DeviceGuard guard(call.features.device.index, call.op);
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -403,14 +386,14 @@ void roi_align_forward_cuda(const RoiAlignCall& call, const Context& ctx) {
     a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};
     a.shape = call.shape;
     a.max_pool = call.max_pool;
-    a.channels_last = channels_last_order(call.pooled);
+    a.channels_last = channels_innermost(call.pooled);
     const std::int64_t n = call.pooled.numel();
     forward_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(a, n);
     check_launch("forward_kernel", call.op, ctx);
   });
 }
 
-std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const detail::RoiAlignShape& s = call.shape;
   switch (mode) {
@@ -430,8 +413,8 @@ std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall& call, const Ro
   return 0;
 }
 
-void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
-                             const Context& ctx, Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt, const Context& ctx,
+              Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -443,7 +426,8 @@ void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, co
         zero_fill<T>(call.features, ctx, call.op);
         if (n == 0) break;
         auto a = backward_args<T>(call, strides4(call.features));
-        scatter_kernel<T, acc_t<T>, T><<<grid_for(n), kBlock, 0, stream>>>(a, n, static_cast<T*>(call.features.data), 0);
+        scatter_kernel<T, acc_t<T>, T><<<grid_for(n), kBlock, 0, stream>>>(a, n, static_cast<T*>(call.features.data),
+                                                                            detail::GradRounding::kNone);
         check_launch("scatter_kernel", call.op, ctx);
         break;
       }
@@ -457,7 +441,7 @@ void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, co
         DETOPS_CUDA_CHECK(cudaMemsetAsync(buf, 0, static_cast<std::size_t>(total) * sizeof(double), stream), call.op);
         if (n > 0) {
           auto a = backward_args<T>(call, Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1});
-          scatter_kernel<T, double, double><<<grid_for(n), kBlock, 0, stream>>>(a, n, buf, narrow_code(opt));
+          scatter_kernel<T, double, double><<<grid_for(n), kBlock, 0, stream>>>(a, n, buf, grad_rounding(opt));
           check_launch("scatter_kernel", call.op, ctx);
         }
         cast_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(buf, static_cast<T*>(call.features.data),
@@ -471,6 +455,10 @@ void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, co
     }
   });
 }
+
+}  // namespace
+
+extern const RoiAlignBackend kRoiAlignCuda = {&check_rois, &forward, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

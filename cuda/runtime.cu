@@ -22,10 +22,23 @@ int cuda_devices(std::string* why) {
   return n;
 }
 
+namespace {
+/// An allocation failure as kOutOfMemory naming the bytes and the device; other statuses as
+/// cuda_check reports them.
+void check_allocation(cudaError_t status, const char* call, const char* op, std::size_t bytes, Device d) {
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    fail(ErrorCode::kOutOfMemory, "{}: cannot allocate {} bytes on {}: {} failed: {} ({})", op, bytes, to_string(d),
+         call, cudaGetErrorString(status), cudaGetErrorName(status));
+  }
+  cuda_check(status, call, op);
+}
+}  // namespace
+
 void* cuda_malloc(std::size_t bytes, Device d) {
   DeviceGuard guard(d.index, "cuda_malloc");
   void* p = nullptr;
-  DETOPS_CUDA_CHECK(cudaMalloc(&p, bytes), "Tensor");
+  check_allocation(cudaMalloc(&p, bytes), "cudaMalloc", "Tensor", bytes, d);
   return p;
 }
 
@@ -41,7 +54,8 @@ void cuda_free(void* p, Device d) noexcept {
 void* cuda_malloc_async(std::size_t bytes, Device d, void* stream) {
   DeviceGuard guard(d.index, "workspace");
   void* p = nullptr;
-  DETOPS_CUDA_CHECK(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream)), "workspace");
+  check_allocation(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream)), "cudaMallocAsync", "workspace", bytes,
+                   d);
   return p;
 }
 

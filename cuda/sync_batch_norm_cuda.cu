@@ -54,7 +54,6 @@ static_assert(kSbnLanes == 32, "a chunk's lanes are a warp's");
 static_assert(kBlock % kSbnLanes == 0, "warp kernels shuffle with the full mask: blocks must be whole warps");
 static_assert(kSbnChunk % kSbnLanes == 0, "");
 
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
 
 // ---------------------------------------------------------------------------------------------
 // Geometry
@@ -97,9 +96,6 @@ Src src_of(const TensorView& t) {
   }
   return s;
 }
-
-/// The channel is the innermost dimension: a thread per (channel, chunk) reads coalesced.
-bool channels_innermost(const TensorView& t) { return t.strides[1] == 1 && t.sizes[1] > 1; }
 
 template <bool kUniform>
 __device__ __forceinline__ std::int64_t pos_offset(const Src& s, std::int64_t W, std::int64_t p) {
@@ -565,28 +561,38 @@ __global__ void backward_apply_kernel(const T* dy, Src sg, const T* x, Src sx, T
 // ---------------------------------------------------------------------------------------------
 // Host helpers
 
-/// Stream-ordered device scratch from ctx.allocator (or the default one), released on scope exit.
-class Scratch {
- public:
-  Scratch(std::size_t bytes, Device device, const Context& ctx)
-      : alloc_(ctx.allocator ? *ctx.allocator : default_allocator()), bytes_(bytes), device_(device),
-        stream_(ctx.cuda_stream) {
-    ptr_ = bytes_ ? alloc_.allocate(bytes_, device_, stream_) : nullptr;
+/// The scratch of each pass, in one fixed order (used for sizing and for carving): the default
+/// mode's two [C][K] ping-pong buffers of moments (forward) or sums (backward), the exact mode's
+/// [C][K] integer partials, or backward_apply's [C] coefficients.
+WorkspaceLayout pass_layout(SbnPass pass, const TensorView& x, bool exact) {
+  const Shape g = shape_of(x);
+  const std::int64_t units = g.C * g.K;
+  WorkspaceLayout l;
+  if (pass == SbnPass::kBackwardApply) {
+    if (g.N * g.C * g.HW > 0) l.add<detail::SbnGradCoef>(g.C);
+  } else if (units > 0) {
+    if (exact) {
+      l.add<Pair128>(units);
+    } else if (pass == SbnPass::kLocalStats) {
+      l.add<SbnMoments>(units);
+      l.add<SbnMoments>(units);
+    } else {
+      l.add<SbnSums>(units);
+      l.add<SbnSums>(units);
+    }
   }
-  ~Scratch() {
-    if (ptr_) alloc_.deallocate(ptr_, bytes_, device_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return ptr_; }
+  return l;
+}
 
- private:
-  Allocator& alloc_;
-  std::size_t bytes_;
-  Device device_;
-  void* stream_;
-  void* ptr_ = nullptr;
-};
+/// `pass`'s layout bound to ws (which the front end sized with scratch_bytes()).
+WorkspaceLayout bind_pass(SbnPass pass, const TensorView& x, bool exact, Workspace ws, const char* op) {
+  WorkspaceLayout l = pass_layout(pass, x, exact);
+  if (ws.bytes < l.bytes())
+    fail(ErrorCode::kInvalidArgument, "{}: internal: backend scratch has {} bytes; the pass needs {}", op, ws.bytes,
+         l.bytes());
+  l.bind(ws.data);
+  return l;
+}
 
 void fill_record(std::int64_t* rec, std::int64_t words, std::int64_t count, const char* op, const Context& ctx) {
   fill_record_kernel<<<grid_for(words), kBlock, 0, stream_of(ctx)>>>(rec, words, count);
@@ -606,17 +612,13 @@ void launch_chunks(bool threads, bool uniform, Launch&& launch) {
 }
 
 template <class T>
-void local_stats_default(const TensorView& x, std::int64_t* record, const char* op, const Context& ctx) {
+void local_stats_default(const TensorView& x, std::int64_t* record, Workspace ws, const char* op, const Context& ctx) {
   const Shape g = shape_of(x);
   const Src sx = src_of(x);
   const std::int64_t count = g.N * g.HW, units = g.C * g.K;
   cudaStream_t stream = stream_of(ctx);
   if (units == 0) return fill_record(record, detail::sbn_record_words(g.C, false), count, op, ctx);
-  WorkspaceLayout l;
-  l.add<SbnMoments>(units);
-  l.add<SbnMoments>(units);
-  Scratch scratch(l.bytes(), x.device, ctx);
-  l.bind(scratch.get());
+  WorkspaceLayout l = bind_pass(SbnPass::kLocalStats, x, false, ws, op);
   SbnMoments* a = l.take<SbnMoments>();
   SbnMoments* b = l.take<SbnMoments>();
   const T* xp = static_cast<const T*>(x.data);
@@ -635,17 +637,13 @@ void local_stats_default(const TensorView& x, std::int64_t* record, const char* 
 
 template <class T>
 void local_backward_default(const TensorView& dy, const TensorView& x, const double* mean, std::int64_t* record,
-                            const char* op, const Context& ctx) {
+                            Workspace ws, const char* op, const Context& ctx) {
   const Shape g = shape_of(x);
   const Src sx = src_of(x), sg = src_of(dy);
   const std::int64_t count = g.N * g.HW, units = g.C * g.K;
   cudaStream_t stream = stream_of(ctx);
   if (units == 0) return fill_record(record, detail::sbn_record_words(g.C, false), count, op, ctx);
-  WorkspaceLayout l;
-  l.add<SbnSums>(units);
-  l.add<SbnSums>(units);
-  Scratch scratch(l.bytes(), x.device, ctx);
-  l.bind(scratch.get());
+  WorkspaceLayout l = bind_pass(SbnPass::kLocalBackward, x, false, ws, op);
   SbnSums* a = l.take<SbnSums>();
   SbnSums* b = l.take<SbnSums>();
   const T* xp = static_cast<const T*>(x.data);
@@ -681,14 +679,12 @@ void launch_order_free(const PassArgs<T>& a, bool threads, bool uniform, const c
 /// Exact mode, forward (dy absent) or backward: partial integer sums per unit, then per channel.
 template <class T>
 void local_exact(bool backward, const TensorView& dy, const TensorView& x, const double* mean,
-                 const std::int64_t* exponents, std::int64_t* record, const char* op, const Context& ctx) {
+                 const std::int64_t* exponents, std::int64_t* record, Workspace ws, const char* op,
+                 const Context& ctx) {
   const Shape g = shape_of(x);
   const std::int64_t count = g.N * g.HW, units = g.C * g.K;
   if (units == 0) return fill_record(record, detail::sbn_record_words(g.C, true), count, op, ctx);
-  WorkspaceLayout l;
-  l.add<Pair128>(units);
-  Scratch scratch(l.bytes(), x.device, ctx);
-  l.bind(scratch.get());
+  WorkspaceLayout l = bind_pass(backward ? SbnPass::kLocalBackward : SbnPass::kLocalStats, x, true, ws, op);
   PassArgs<T> a{};
   a.x = static_cast<const T*>(x.data);
   a.dy = backward ? static_cast<const T*>(dy.data) : nullptr;
@@ -709,11 +705,20 @@ void local_exact(bool backward, const TensorView& dy, const TensorView& x, const
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Entry points
+// Entry points (the backend table)
 
-void sbn_local_scales_cuda(const TensorView& x, const TensorView& dy, const double* mean, std::int64_t* scales,
-                           const Context& ctx) {
+namespace {
+
+
+std::size_t scratch_bytes(SbnPass pass, const TensorView& x, bool exact) {
+  return pass_layout(pass, x, exact).bytes();
+}
+
+void local_scales(const SbnLocalCall& call, const Context& ctx) {
   const char* op = "sync_batch_norm_local_scales";
+  const TensorView& x = call.x;
+  const TensorView& dy = call.dy;
+  std::int64_t* scales = call.out;
   DeviceGuard guard(x.device.index, op);
   const bool backward = dy.defined();  // as the CPU backend: an empty dy may have no data
   const Shape g = shape_of(x);
@@ -730,7 +735,7 @@ void sbn_local_scales_cuda(const TensorView& x, const TensorView& dy, const doub
     a.sx = src_of(x);
     a.sg = backward ? src_of(dy) : a.sx;
     a.g = g;
-    a.mean = mean;
+    a.mean = call.mean;
     a.exponents = nullptr;
     a.partial = nullptr;
     a.scales = scales;
@@ -740,38 +745,35 @@ void sbn_local_scales_cuda(const TensorView& x, const TensorView& dy, const doub
   });
 }
 
-void sbn_merge_scales_cuda(const std::int64_t* gathered, std::int64_t ranks, std::int64_t words, std::int64_t* scales,
-                           Device device, const Context& ctx) {
+void merge_scales(const SbnMergeCall& a, const Context& ctx) {
   const char* op = "sync_batch_norm_merge_scales";
-  DeviceGuard guard(device.index, op);
-  if (words <= 0) return;
-  merge_scales_kernel<<<grid_for(words), kBlock, 0, stream_of(ctx)>>>(gathered, ranks, words, scales);
+  DeviceGuard guard(a.device.index, op);
+  if (a.words <= 0) return;
+  merge_scales_kernel<<<grid_for(a.words), kBlock, 0, stream_of(ctx)>>>(a.gathered, a.ranks, a.words, a.scales);
   check_launch("merge_scales_kernel", op, ctx);
 }
 
-void sbn_local_stats_cuda(const TensorView& x, bool exact, const std::int64_t* scales, std::int64_t* record,
-                          const Context& ctx) {
+void local_stats(const SbnLocalCall& a, const Context& ctx, Workspace ws) {
   const char* op = "sync_batch_norm_local_stats";
-  DeviceGuard guard(x.device.index, op);
-  dispatch_floating(x.dtype, [&](auto tag) {
+  DeviceGuard guard(a.x.device.index, op);
+  dispatch_floating(a.x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (exact) local_exact<T>(false, TensorView{}, x, nullptr, scales, record, op, ctx);
-    else local_stats_default<T>(x, record, op, ctx);
+    if (a.exact) local_exact<T>(false, TensorView{}, a.x, nullptr, a.scales, a.out, ws, op, ctx);
+    else local_stats_default<T>(a.x, a.out, ws, op, ctx);
   });
 }
 
-void sbn_local_backward_cuda(const TensorView& dy, const TensorView& x, const double* mean, bool exact,
-                             const std::int64_t* scales, std::int64_t* record, const Context& ctx) {
+void local_backward(const SbnLocalCall& a, const Context& ctx, Workspace ws) {
   const char* op = "sync_batch_norm_local_backward";
-  DeviceGuard guard(x.device.index, op);
-  dispatch_floating(x.dtype, [&](auto tag) {
+  DeviceGuard guard(a.x.device.index, op);
+  dispatch_floating(a.x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (exact) local_exact<T>(true, dy, x, mean, scales, record, op, ctx);
-    else local_backward_default<T>(dy, x, mean, record, op, ctx);
+    if (a.exact) local_exact<T>(true, a.dy, a.x, a.mean, a.scales, a.out, ws, op, ctx);
+    else local_backward_default<T>(a.dy, a.x, a.mean, a.out, ws, op, ctx);
   });
 }
 
-void sbn_finalize_cuda(const detail::SbnFinalizeArgs& args, Device device, const Context& ctx) {
+void finalize(const detail::SbnFinalizeArgs& args, Device device, const Context& ctx) {
   const char* op = "sync_batch_norm_finalize_stats";
   DeviceGuard guard(device.index, op);
   cudaStream_t stream = stream_of(ctx);
@@ -786,7 +788,7 @@ void sbn_finalize_cuda(const detail::SbnFinalizeArgs& args, Device device, const
   }
 }
 
-void sbn_finalize_backward_cuda(const detail::SbnBackwardFinalizeArgs& args, Device device, const Context& ctx) {
+void finalize_backward(const detail::SbnBackwardFinalizeArgs& args, Device device, const Context& ctx) {
   const char* op = "sync_batch_norm_finalize_backward";
   DeviceGuard guard(device.index, op);
   // launched also for C == 0: sums[0] receives the count
@@ -794,20 +796,19 @@ void sbn_finalize_backward_cuda(const detail::SbnBackwardFinalizeArgs& args, Dev
   check_launch("finalize_backward_kernel", op, ctx);
 }
 
-void sbn_eval_stats_cuda(const detail::SbnParam& running_mean, const detail::SbnParam& running_var, double eps,
-                         std::int64_t channels, double* save_mean, double* save_invstd, Device device,
-                         const Context& ctx) {
+void eval_stats(const SbnEvalCall& a, const Context& ctx) {
   const char* op = "sync_batch_norm_forward";
-  DeviceGuard guard(device.index, op);
-  if (channels <= 0) return;
-  eval_stats_kernel<<<grid_for(channels), kBlock, 0, stream_of(ctx)>>>(running_mean, running_var, eps, channels,
-                                                                      save_mean, save_invstd);
+  DeviceGuard guard(a.device.index, op);
+  if (a.channels <= 0) return;
+  eval_stats_kernel<<<grid_for(a.channels), kBlock, 0, stream_of(ctx)>>>(a.running_mean, a.running_var, a.eps,
+                                                                        a.channels, a.save_mean, a.save_invstd);
   check_launch("eval_stats_kernel", op, ctx);
 }
 
-void sbn_apply_cuda(const TensorView& x, const detail::SbnParam& weight, const detail::SbnParam& bias,
-                    const double* mean, const double* invstd, const TensorView& y, const Context& ctx) {
+void apply(const SbnApplyCall& a, const Context& ctx) {
   const char* op = "sync_batch_norm_apply";
+  const TensorView& x = a.x;
+  const TensorView& y = a.y;
   DeviceGuard guard(x.device.index, op);
   const Shape g = shape_of(x);
   const std::int64_t total = g.N * g.C * g.HW;
@@ -821,34 +822,32 @@ void sbn_apply_cuda(const TensorView& x, const detail::SbnParam& weight, const d
     T* yp = static_cast<T*>(y.data);
     switch (flat) {
       case Flat::kNchw:
-        apply_kernel<T, Flat::kNchw><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, weight, bias, mean, invstd, total);
+        apply_kernel<T, Flat::kNchw><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, a.weight, a.bias, a.mean, a.invstd, total);
         break;
       case Flat::kNhwc:
-        apply_kernel<T, Flat::kNhwc><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, weight, bias, mean, invstd, total);
+        apply_kernel<T, Flat::kNhwc><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, a.weight, a.bias, a.mean, a.invstd, total);
         break;
       case Flat::kGeneric:
-        apply_kernel<T, Flat::kGeneric><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, weight, bias, mean, invstd, total);
+        apply_kernel<T, Flat::kGeneric><<<grid_for(total), kBlock, 0, stream>>>(xp, sx, yp, sy, g, a.weight, a.bias, a.mean, a.invstd, total);
         break;
     }
   });
   check_launch("apply_kernel", op, ctx);
 }
 
-void sbn_backward_apply_cuda(const TensorView& dy, const TensorView& x, const detail::SbnParam& weight,
-                             const double* mean, const double* invstd, const double* sums, const TensorView& dx,
-                             const Context& ctx) {
+void backward_apply(const SbnBackwardApplyCall& a, const Context& ctx, Workspace ws) {
   const char* op = "sync_batch_norm_backward_apply";
+  const TensorView& dy = a.dy;
+  const TensorView& x = a.x;
+  const TensorView& dx = a.dx;
   DeviceGuard guard(x.device.index, op);
   const Shape g = shape_of(x);
   const std::int64_t total = g.N * g.C * g.HW;
   if (total == 0) return;
   cudaStream_t stream = stream_of(ctx);
-  WorkspaceLayout l;
-  l.add<detail::SbnGradCoef>(g.C);
-  Scratch scratch(l.bytes(), x.device, ctx);
-  l.bind(scratch.get());
+  WorkspaceLayout l = bind_pass(SbnPass::kBackwardApply, x, false, ws, op);
   detail::SbnGradCoef* coef = l.take<detail::SbnGradCoef>();
-  grad_coef_kernel<<<grid_for(g.C), kBlock, 0, stream>>>(weight, mean, invstd, sums, g.C, coef);
+  grad_coef_kernel<<<grid_for(g.C), kBlock, 0, stream>>>(a.weight, a.mean, a.invstd, a.sums, g.C, coef);
   check_launch("grad_coef_kernel", op, ctx);
   const Src sg = src_of(dy), sx = src_of(x), sd = src_of(dx);
   const Flat flat = same_strides(dy, x) && same_strides(dy, dx) ? flat_layout(x) : Flat::kGeneric;
@@ -871,6 +870,12 @@ void sbn_backward_apply_cuda(const TensorView& dy, const TensorView& x, const de
   });
   check_launch("backward_apply_kernel", op, ctx);
 }
+
+}  // namespace
+
+extern const SyncBnBackend kSyncBnCuda = {&scratch_bytes, &local_scales, &merge_scales, &local_stats,
+                                          &local_backward, &finalize, &finalize_backward, &eval_stats,
+                                          &apply, &backward_apply};
 
 }  // namespace internal
 }  // namespace detops

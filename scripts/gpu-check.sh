@@ -7,11 +7,12 @@
 #               NCCL was found); FAILED when a GPU is visible but every test skipped
 #   compare     detops vs torchvision CUDA, alternating (benchmarks/compare_torchvision.py:
 #               compare-gpu-<date>.{json,txt}), torchvision's deterministic fallback included
-#   bench       Google Benchmark, the key CUDA runs of each op (gpu-<op>-<date>.json)
+#   bench       Google Benchmark, the key CUDA runs of each benchmarks/<op>_bench.cpp
+#               (gpu-<op>-<date>.json, <op> with '-' for '_')
 #   compare-bn  SyncBatchNorm vs torch.nn.BatchNorm2d training forward+backward
 #               (benchmarks/compare_torch_bn.py: compare-bn-gpu-<date>.{json,txt})
-#   sanitizer   compute-sanitizer over a few CUDA test cases ("unsupported" when the machine's
-#               runtime refuses it: that is not a failure of detops)
+#   sanitizer   compute-sanitizer over a few cases of each tests/*_cuda_test.cpp suite
+#               ("unsupported" when the machine's runtime refuses it: not a failure of detops)
 #   plots       the charts from the JSON (also possible later, where the JSON is copied to)
 # Every phase is timed and gets at most its own cap and what is left of GPU_CHECK_BUDGET; one
 # that would get under 20 s is skipped and the summary says so. After every phase the summary
@@ -32,13 +33,22 @@
 #                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.01)
 #   SANITIZER_TOOLS             compute-sanitizer tools (default "memcheck"; add racecheck,
 #                               initcheck when there is time; empty: the phase is skipped)
-#   SANITIZER_FILTER_<exe>      --gtest_filter for one executable (defaults below)
+#   SANITIZER_FILTER_<exe>      --gtest_filter for one executable (defaults: see sanitizer_filter)
 #   NCCL_ROOT                   where nccl.h and libnccl are (default: the nvidia-nccl wheel of
 #                               $PYTHON, when there is one)
 #   GPU_CHECK_CMAKE_ARGS        extra configure arguments
 # On a lent machine: scripts/stage-gpu-deps.sh here first, then one device call carrying .deps:
 #   GPU_CHECK_BUDGET=480 ./scripts/gpu-check.sh   (timeout_s 540: the budget leaves it margin)
 # Exit status: nonzero when the build, a test, a benchmark or a comparison failed.
+# Nothing here names an op: what runs is found by the file naming conventions of
+# tests/CMakeLists.txt and benchmarks/CMakeLists.txt, so a new op is checked without an edit here:
+#   tests       the label gpu (tests/*_cuda_test.cpp and the NCCL test), built as detops_tests_gpu
+#   bench       per benchmarks/<op>_bench.cpp, the benchmarks its "// gpu-check bench: <regex>"
+#               line selects; without one, its CUDA benchmarks ^BM_<Op>[A-Za-z]*/cuda/ (<Op>: the
+#               stem in CamelCase, e.g. deform_conv_bench.cpp -> BM_DeformConv...)
+#   sanitizer   per tests/<name>_cuda_test.cpp (detops_<name>_cuda_test), the cases its
+#               "// gpu-check sanitizer: <gtest filter>" line selects; without one, the first
+#               instance of each parameterized test and the *BadInput suites
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 root=$PWD
@@ -67,20 +77,43 @@ status=0
 phases=()
 gpu_visible=0
 
-# The key CUDA benchmarks of each op: name -> --benchmark_filter (JSON: gpu-<name>-<date>.json).
-declare -A bench_filters=(
-  [roi-align]='^BM_RoiAlign(Forward|Backward)/cuda/(f32|f16)/(nchw|nhwc)/(box|mask)/sr2/avg|^BM_RoiAlign(Forward|Backward)/cuda/f32/nchw/box/(adaptive/avg|sr2/max)'
-  [frozen-bn]='^BM_FrozenBnCopy/cuda/res2/|^BM_FrozenBn(Forward|Backward)/cuda/res2/(f32|f16|bf16)/(nchw|nhwc)/(none|add_relu)/|^BM_FrozenBnUnfused/cuda/res2/f32/nchw/add_relu/'
-  [sync-bn]='^BM_SyncBnTrainStep/cuda/|^BM_SyncBn(Forward|Backward|LocalStats|Apply)/cuda/res2/f32/nchw/'
-)
-bench_order=(roi-align frozen-bn sync-bn)
+# The ops with benchmarks (benchmarks/<op>_bench.cpp) and the gpu suites (tests/<name>_cuda_test.cpp
+# -> detops_<name>_cuda_test), by file name.
+bench_order=()
+for f in benchmarks/*_bench.cpp; do
+  [[ -e $f ]] && bench_order+=("$(basename "$f" _bench.cpp | tr _ -)")
+done
+cuda_tests=()
+for f in tests/*_cuda_test.cpp; do
+  [[ -e $f ]] && cuda_tests+=("detops_$(basename "$f" .cpp)")
+done
 
-declare -A sanitizer_filters=(
-  [detops_roi_align_cuda_test]='All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*'
-  [detops_frozen_batch_norm_cuda_test]='All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_add_relu:All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_slice_relu:FrozenBnCudaFold.*:FrozenBnCudaBadInput.*:FrozenBnCudaSemantics.EmptyProblemsLaunchNothing'
-  [detops_sync_batch_norm_cuda_test]='All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_exact:All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_strided_default:All/SyncBnCuda.RecordsEqualCpuBitwise/float64_nchw_exact'
-)
-cuda_tests=(detops_roi_align_cuda_test detops_frozen_batch_norm_cuda_test detops_sync_batch_norm_cuda_test)
+# The --benchmark_filter of one op (roi-align): the "// gpu-check bench:" line of its file, or all
+# of its CUDA benchmarks by the naming convention.
+bench_filter() {
+  local file=benchmarks/${1//-/_}_bench.cpp line
+  line=$(sed -nE 's|^// gpu-check bench: *(.*[^ ]) *$|\1|p' "$file" | head -n 1)
+  [[ -n $line ]] && { echo "$line"; return; }
+  echo "^BM_$(sed -E 's/(^|_)([a-z])/\U\2/g' <<< "${1//-/_}")[A-Za-z]*/cuda/"
+}
+
+# The --gtest_filter of one gpu suite under compute-sanitizer: SANITIZER_FILTER_<exe>, else the
+# "// gpu-check sanitizer:" line of its source, else (from --gtest_list_tests) the first instance
+# of each parameterized test and every test of a *BadInput suite.
+sanitizer_filter() {
+  local exe=$1 var=SANITIZER_FILTER_$1 line
+  [[ -n ${!var:-} ]] && { echo "${!var}"; return; }
+  line=$(sed -nE 's|^// gpu-check sanitizer: *(.*[^ ]) *$|\1|p' "tests/${exe#detops_}.cpp" 2> /dev/null | head -n 1)
+  [[ -n $line ]] && { echo "$line"; return; }
+  "$build/tests/$exe" --gtest_list_tests 2> /dev/null | awk '
+    /^[^ ]/ { suite = $1; next }
+    {
+      test = $1; base = test; sub(/\/.*/, "", base)
+      if (test != base) { if (!((suite base) in seen)) { seen[suite base] = 1; out = out sep suite test; sep = ":" } }
+      else if (suite ~ /BadInput\.$/) { out = out sep suite test; sep = ":" }
+    }
+    END { print out }'
+}
 
 if [[ ! -d .deps/prefix || ! -d .deps/src/googletest ]]; then
   echo "gpu-check: .deps/ is missing; run scripts/stage-gpu-deps.sh where the packages are, and carry .deps" >&2
@@ -198,15 +231,11 @@ configure() {
         -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" "${nccl_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
 }
 
-# Only what the check runs: the CUDA tests (and the NCCL test when configured) and detops_bench;
-# -k 0: one target that fails to build does not stop the others.
+# Only what the check runs: the gpu suites (detops_tests_gpu: the CUDA tests, and the NCCL test
+# when configured) and detops_bench; -k 0: one target that fails to build does not stop the others.
 build_targets() {
-  local targets=("${cuda_tests[@]}" detops_bench)
-  if ninja -C "$build" -t targets all 2> /dev/null | grep -E '(^|/)detops_nccl_communicator_test:' > /dev/null; then
-    targets+=(detops_nccl_communicator_test)
-  fi
-  echo "targets: ${targets[*]}"
-  limited cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0
+  echo "targets: detops_tests_gpu (${cuda_tests[*]}, the NCCL test when configured) detops_bench"
+  limited cmake --build "$build" -j "$jobs" --target detops_tests_gpu detops_bench -- -k 0
 }
 
 # ctest -L gpu; then fails when a GPU is visible and every test skipped (a driver too old for the
@@ -221,7 +250,7 @@ run_tests() {
   if [[ $gpu_visible == 1 && -n $total && $total -gt 0 && $skipped -eq $total ]]; then
     # ctest does not print a skipped test's output: ask one test binary why
     echo "gpu-check: a GPU is visible but all $total gpu tests skipped:" \
-      "$("$build/tests/detops_roi_align_cuda_test" --gtest_filter='RoiAlignCudaStreams.*' 2>&1 | grep -m 1 -o 'no CUDA device: [^;]*')"
+      "$("$build/tests/${cuda_tests[0]}" 2>&1 | grep -m 1 -o 'no CUDA device: [^;]*')"
     return 3
   fi
   return "$rc"
@@ -229,14 +258,26 @@ run_tests() {
 
 # Returns 75 when some op was skipped for time (and none failed).
 run_benchmarks() {
-  local name rc=0 json t skipped=0
+  local name rc=0 json t skipped=0 filter
   for name in "${bench_order[@]}"; do
     json=$results/gpu-$name-$date.json
     t=$(until_deadline)
     ((t > PHASE_LIMIT / 2)) && t=$((PHASE_LIMIT / 2))
     if ((t < 15)); then echo "bench $name: skipped, out of time"; skipped=1; continue; fi
-    echo "-- bench $name (up to ${t}s) --"
-    timeout "$t" "$build/benchmarks/detops_bench" --benchmark_filter="${bench_filters[$name]}" \
+    filter=$(bench_filter "$name")
+    # (without a device RoIAlign registers placeholders only: a miss fails only where a GPU is)
+    if ! grep -q '^BM_' <<< "$("$build/benchmarks/detops_bench" --benchmark_list_tests --benchmark_filter="$filter" 2> /dev/null)"; then
+      if [[ $gpu_visible == 1 ]]; then
+        echo "bench $name: FAILED: no benchmark matches $filter (name them BM_<Op>.../cuda/..., or give" \
+             "benchmarks/${name//-/_}_bench.cpp a '// gpu-check bench: <regex>' line)"
+        rc=1
+      else
+        echo "bench $name: no benchmark matches $filter (no GPU visible)"
+      fi
+      continue
+    fi
+    echo "-- bench $name (up to ${t}s): $filter --"
+    timeout "$t" "$build/benchmarks/detops_bench" --benchmark_filter="$filter" \
       --benchmark_out="$json" --benchmark_out_format=json --benchmark_min_time="${BENCH_MIN_TIME:-0.01}" \
       --benchmark_repetitions="${BENCH_REPETITIONS:-3}" --benchmark_report_aggregates_only=true || rc=1
   done
@@ -273,7 +314,7 @@ find_compute_sanitizer() {
 # $sanitizer_txt. A first probe that the sanitizer refuses ("Device not supported": gVisor) ends
 # the phase as unsupported, which is recorded but not a failure.
 run_compute_sanitizer() {
-  local cs=$1 failed=0 tool exe filter_var filter start rc log result errors ran
+  local cs=$1 failed=0 tool exe filter start rc log result errors ran
   : > "$sanitizer_txt"
   echo "compute-sanitizer: $cs ($("$cs" --version 2> /dev/null | grep -Eo 'Version [0-9.]+' | head -n 1))"
   for tool in ${SANITIZER_TOOLS-memcheck}; do
@@ -290,8 +331,7 @@ run_compute_sanitizer() {
         echo "$(printf '%-9s %-36s' "$tool" "$exe") skipped: out of time" | tee -a "$sanitizer_txt"
         continue
       fi
-      filter_var=SANITIZER_FILTER_$exe
-      filter=${!filter_var:-${sanitizer_filters[$exe]}}
+      filter=$(sanitizer_filter "$exe")
       [[ $tool == racecheck ]] && filter=${filter%%:*}  # racecheck is the slowest: one case
       log=$logs/sanitizer-$tool-$exe.log
       start=$SECONDS

@@ -2,7 +2,7 @@
 # The reliability stages of issue 6: stages 3-5 of scripts/test.sh (so of CI), or run alone
 # (stage 5 configures build/ itself when scripts/test.sh has not made it).
 #   ./scripts/reliability.sh             fuzzing (3), ThreadSanitizer (4), large tensors (5)
-#   DETOPS_FUZZ_SECONDS=300 ./scripts/reliability.sh     a longer fuzzing session
+#   DETOPS_FUZZ_SECONDS=300 ./scripts/reliability.sh     a longer fuzzing session (per target)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs=$(nproc)
@@ -11,10 +11,13 @@ SECONDS=0
 # ---------------------------------------------------------------------------------------------
 # Reliability stages (issue 6), after the two of scripts/test.sh (which calls this script):
 #   3. build-fuzz/: clang, libFuzzer + ASan + UBSan: builds every target (the only clang build of
-#      the tests), then each fuzz target (tests/fuzz) runs for
-#      DETOPS_FUZZ_SECONDS (45) from a scratch copy of its committed corpus (plus the regression
-#      inputs), DETOPS_FUZZ_JOBS (nproc) at a time; any crash, sanitizer report or failed check
-#      fails the stage (inputs land in build-fuzz/fuzz-artifacts/);
+#      the tests), then each fuzz target of the build (tests/fuzz/*_fuzz.cpp; found as the fuzz
+#      label's replay tests, ctest -N -L fuzz) runs from a scratch copy of its committed corpus
+#      (plus the regression inputs), DETOPS_FUZZ_JOBS (nproc) at a time, for DETOPS_FUZZ_SECONDS
+#      each: by default DETOPS_FUZZ_TOTAL_SECONDS (360, i.e. 45 s for each of 8 targets) shared
+#      evenly by the targets, at least 20 s each, so a new target costs the stage little time;
+#      any crash, sanitizer report or failed check fails the stage (inputs land in
+#      build-fuzz/fuzz-artifacts/);
 #   4. build-tsan/: CPU-only, ThreadSanitizer: the cpu tests (without the 20-run repeats);
 #   5. build/: the large-tensor tests (label large, ~9 GB) when MemAvailable >= 14 GB.
 # DETOPS_SKIP_FUZZ=1, DETOPS_SKIP_TSAN=1, DETOPS_SKIP_LARGE=1 skip one of them.
@@ -37,13 +40,20 @@ else
   # every other target too (the tests): the only clang build of them, so code that GCC accepts
   # and clang rejects (e.g. a lambda capturing a structured binding in C++17) fails here
   cmake --build build-fuzz -j "$jobs"
-  fuzz_seconds=${DETOPS_FUZZ_SECONDS:-45}
+  # the targets: one replay test detops_fuzz_<target>_replay (label fuzz) per tests/fuzz/<target>_fuzz.cpp
+  mapfile -t targets < <(ctest --test-dir build-fuzz -N -L fuzz |
+                         sed -nE 's/^ *Test +#[0-9]+: detops_fuzz_(.+)_replay$/\1/p')
+  if (( ${#targets[@]} == 0 )); then
+    echo "stage 3 failed: ctest -N -L fuzz in build-fuzz/ lists no detops_fuzz_<target>_replay test"
+    exit 1
+  fi
+  fuzz_total=${DETOPS_FUZZ_TOTAL_SECONDS:-360}
+  fuzz_seconds=${DETOPS_FUZZ_SECONDS:-$(( fuzz_total / ${#targets[@]} > 20 ? fuzz_total / ${#targets[@]} : 20 ))}
   fuzz_jobs=${DETOPS_FUZZ_JOBS:-$jobs}
+  echo "stage 3: ${#targets[@]} fuzz targets, ${fuzz_seconds}s each, $fuzz_jobs at a time: ${targets[*]}"
   fuzz_tmp=$(mktemp -d)
   artifacts=build-fuzz/fuzz-artifacts
   mkdir -p "$artifacts"
-  targets=(roi_align_forward roi_align_backward frozen_bn_fold frozen_bn_forward frozen_bn_backward sync_bn_forward
-           sync_bn_backward sync_bn_phases)
   run_fuzz_target() {
     local t=$1 regressions=()
     mkdir -p "$fuzz_tmp/corpus/$t"
@@ -105,7 +115,7 @@ else
   echo "== stage 5: build/, the large-tensor tests (> 2^31 elements, ~9 GB) =="
   stage_start=$SECONDS
   if [[ ! -f build/CTestTestfile.cmake ]]; then cmake --preset release; fi   # run alone: stage 1 made build/
-  cmake --build --preset release -j "$jobs" --target detops_large_tensor_test
+  cmake --build --preset release -j "$jobs" --target detops_tests_large   # the tests/large_*_test.cpp
   ctest --preset large      # label large, DETOPS_LARGE_TESTS=1, one at a time
   echo "== stage 5 done in $((SECONDS - stage_start))s (${SECONDS}s in all) =="
 fi

@@ -48,6 +48,9 @@ CpuIsa Context::resolved_cpu_isa() const {
 }
 
 int Context::resolved_threads() const {
+  if (num_threads < 0)
+    internal::fail(ErrorCode::kInvalidArgument, "Context: num_threads is {}; expected 0 (all cores) or a positive count",
+                   num_threads);
   if (num_threads > 0) return num_threads;
   const unsigned hc = std::thread::hardware_concurrency();
   return hc > 0 ? static_cast<int>(hc) : 1;

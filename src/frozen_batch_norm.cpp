@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "detops/detail/frozen_batch_norm_math.h"
+#include "internal/backend.h"
 #include "internal/common.h"
 #include "internal/frozen_batch_norm_backend.h"
 #include "internal/runtime.h"
@@ -17,6 +18,7 @@ namespace detops {
 namespace {
 
 using internal::check_non_overlapping;
+using internal::check_like;
 using internal::check_no_partial_overlap;
 using internal::check_same_device;
 using internal::check_tensor;
@@ -24,12 +26,8 @@ using internal::fail;
 using internal::sizes_str;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 
-bool same_sizes(const TensorView& a, const TensorView& b) {
-  if (a.rank != b.rank) return false;
-  for (int d = 0; d < a.rank; ++d)
-    if (a.sizes[d] != b.sizes[d]) return false;
-  return true;
-}
+constexpr internal::OpBackends<internal::FrozenBnBackend> kBackends{
+    &internal::kFrozenBnCpu, DETOPS_CUDA_BACKEND(internal::kFrozenBnCuda)};
 
 const char* epilogue_name(FrozenBnEpilogue e) {
   switch (e) {
@@ -43,17 +41,6 @@ const char* epilogue_name(FrozenBnEpilogue e) {
 void check_epilogue(const char* op, FrozenBnEpilogue e) {
   if (e != FrozenBnEpilogue::kNone && e != FrozenBnEpilogue::kRelu && e != FrozenBnEpilogue::kAddRelu)
     fail(kBad, "{}: epilogue {} is unknown; expected none, relu or add_relu", op, static_cast<int>(e));
-}
-
-/// x-like tensors: rank 4, floating, and for others the sizes, dtype and device of `ref`.
-void check_like(const char* op, const char* name, const TensorView& v, const char* ref_name, const TensorView& ref) {
-  check_tensor(op, name, v, 4);
-  if (!same_sizes(v, ref))
-    fail(kBad, "{}: {} has sizes {}; expected the sizes of {} {}", op, name, sizes_str(v), ref_name, sizes_str(ref));
-  if (v.dtype != ref.dtype)
-    fail(kBad, "{}: {} has dtype {}; expected {} (the dtype of {})", op, name, dtype_name(v.dtype),
-         dtype_name(ref.dtype), ref_name);
-  check_same_device(op, name, v, ref_name, ref);
 }
 
 /// scale / shift: [C], float32 (float64 for float64 data), contiguous, on the data's device.
@@ -156,7 +143,7 @@ void frozen_batch_norm_forward(const TensorView& x, const TensorView& scale, con
   const char* op = "frozen_batch_norm_forward";
   check_epilogue(op, epilogue);
   check_tensor(op, "x", x, 4);
-  if (!internal::is_floating(x.dtype)) fail(kBad, "{}: x has dtype {}; expected a floating dtype", op, dtype_name(x.dtype));
+  internal::check_floating(op, "x", x);
   check_like(op, "y", y, "x", x);
   check_non_overlapping(op, "y", y);
   check_no_partial_overlap(op, "y", y, "x", x, true);
@@ -172,9 +159,8 @@ void frozen_batch_norm_forward(const TensorView& x, const TensorView& scale, con
     fail(kBad, "{}: a residual was given with epilogue {}; expected epilogue add_relu", op, epilogue_name(epilogue));
   }
   if (x.numel() == 0) return;
-  internal::FrozenBnCall call{op, x, residual, y, {}, scale, shift, epilogue, false};
-  if (x.device.is_cpu()) internal::frozen_bn_cpu(call, ctx);
-  else internal::frozen_bn_cuda(call, ctx);
+  const auto call = internal::FrozenBnCall::for_forward(op, x, scale, shift, y, epilogue, residual);
+  internal::backend_for(kBackends, x.device, op).run(call, ctx);
 }
 
 void frozen_batch_norm_backward(const TensorView& grad_y, const TensorView& scale, const TensorView& grad_x,
@@ -183,8 +169,7 @@ void frozen_batch_norm_backward(const TensorView& grad_y, const TensorView& scal
   const char* op = "frozen_batch_norm_backward";
   check_epilogue(op, epilogue);
   check_tensor(op, "grad_y", grad_y, 4);
-  if (!internal::is_floating(grad_y.dtype))
-    fail(kBad, "{}: grad_y has dtype {}; expected a floating dtype", op, dtype_name(grad_y.dtype));
+  internal::check_floating(op, "grad_y", grad_y);
   check_like(op, "grad_x", grad_x, "grad_y", grad_y);
   check_non_overlapping(op, "grad_x", grad_x);
   check_no_partial_overlap(op, "grad_x", grad_x, "grad_y", grad_y, true);
@@ -208,26 +193,26 @@ void frozen_batch_norm_backward(const TensorView& grad_y, const TensorView& scal
     check_no_partial_overlap(op, "grad_residual", grad_residual, "scale", scale, false);
   }
   if (grad_y.numel() == 0) return;
-  internal::FrozenBnCall call{op, grad_y, relu ? y : TensorView{}, grad_x, grad_residual, scale, {}, epilogue, true};
-  if (grad_y.device.is_cpu()) internal::frozen_bn_cpu(call, ctx);
-  else internal::frozen_bn_cuda(call, ctx);
+  const auto call = internal::FrozenBnCall::for_backward(op, grad_y, scale, grad_x, epilogue, relu ? y : TensorView{},
+                                                     grad_residual);
+  internal::backend_for(kBackends, grad_y.device, op).run(call, ctx);
 }
 
 namespace internal {
-DenseLayout frozen_bn_dense_layout(const FrozenBnCall& call) {
+std::optional<Layout> frozen_bn_dense_layout(const FrozenBnCall& call) {
   auto matches = [&](Layout layout) {
     std::int64_t dense[4];
-    contiguous_strides(4, call.a.sizes, dense, layout);
-    for (const TensorView* v : {&call.a, &call.b, &call.out, &call.out2}) {
+    contiguous_strides(4, call.input.sizes, dense, layout);
+    for (const TensorView* v : {&call.input, &call.aux, &call.output, &call.grad_residual}) {
       if (!v->defined()) continue;
       for (int d = 0; d < 4; ++d)
         if (v->sizes[d] > 1 && v->strides[d] != dense[d]) return false;
     }
     return true;
   };
-  if (matches(Layout::kNCHW)) return DenseLayout::kNCHW;
-  if (matches(Layout::kNHWC)) return DenseLayout::kNHWC;
-  return DenseLayout::kNone;
+  if (matches(Layout::kNCHW)) return Layout::kNCHW;
+  if (matches(Layout::kNHWC)) return Layout::kNHWC;
+  return std::nullopt;
 }
 }  // namespace internal
 

@@ -8,8 +8,10 @@
 #include <initializer_list>
 #include <numeric>
 
+#include "internal/backend.h"
 #include "internal/common.h"
 #include "internal/roi_align_backend.h"
+#include "internal/scratch.h"
 #include "internal/validate.h"
 
 namespace detops {
@@ -29,12 +31,17 @@ namespace {
 using internal::fail;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
 
-using internal::check_no_partial_overlap;
-using internal::check_non_overlapping;
 using internal::check_same_device;
 using internal::check_tensor;
 using internal::is_floating;
 using internal::sizes_str;
+
+constexpr internal::OpBackends<internal::RoiAlignBackend> kBackends{
+    &internal::kRoiAlignCpu, DETOPS_CUDA_BACKEND(internal::kRoiAlignCuda)};
+
+const internal::RoiAlignBackend& backend(const internal::RoiAlignCall& call) {
+  return internal::backend_for(kBackends, call.features.device, call.op);
+}
 
 void check_options(const char* op, const RoiAlignOptions& o) {
   if (o.pooled_height <= 0 || o.pooled_width <= 0)
@@ -78,7 +85,7 @@ void check_pooled(const char* op, const char* name, const TensorView& v, std::in
 }
 
 void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOptions& o, const TensorView& pooled,
-                  const char* pooled_name, bool write, bool required = true) {
+                  const char* pooled_name, bool required = true) {
   if (!required && !argmax.defined()) return;  // the workspace query does not read argmax
   if (o.pool_mode != PoolMode::kMax) {
     if (argmax.defined())
@@ -87,7 +94,6 @@ void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOption
   }
   if (!argmax.defined()) fail(kBad, "{}: pool_mode max needs argmax (int32, sizes of {}); none was given", op, pooled_name);
   check_pooled(op, "argmax", argmax, pooled.sizes[0], pooled.sizes[1], o, DType::kInt32, pooled, pooled_name);
-  if (write) check_non_overlapping(op, "argmax", argmax);
 }
 
 detail::RoiAlignShape make_shape(const TensorView& features, std::int64_t K, const RoiAlignOptions& o) {
@@ -138,92 +144,25 @@ internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const R
     check.total_samples = 0;
     return check;
   }
-  if (call.features.device.is_cpu()) {
-    check = internal::roi_align_check_rois_cpu(call, need_total);
-  } else {
-    if (!o.check_rois && !need_total) return check;
-    check = internal::roi_align_check_rois_cuda(call, o.check_rois, need_total, ctx);
-  }
+  if (!o.check_rois && !need_total) return check;
+  check = backend(call).check_rois(call, need_total, ctx);
   if (o.check_rois) raise_roi_error(call.op, check, call.shape);
   return check;
 }
-
-/// Every workspace the backends see starts on a kWorkspaceAlign boundary: the size reported to
-/// callers includes kWorkspaceAlign - 1 bytes of slack, and ScopedWorkspace rounds the base up.
-constexpr std::size_t kWorkspaceAlign = internal::WorkspaceLayout::kAlign;
-std::size_t with_alignment_slack(std::size_t bytes) { return bytes == 0 ? 0 : bytes + (kWorkspaceAlign - 1); }
-
-/// A view of the call, named, for the workspace overlap check.
-struct NamedView {
-  const char* name;
-  const TensorView* view;
-};
-
-/// RAII workspace: the caller's buffer, or one from the context's allocator; get() returns it
-/// with the base rounded up to kWorkspaceAlign (the slack is part of `need`).
-class ScopedWorkspace {
- public:
-  /// `views`: the call's tensors; a caller's workspace must not overlap any of them (the backends
-  /// write the workspace while reading or writing those, so an overlap would corrupt results).
-  ScopedWorkspace(const char* op, Workspace given, std::size_t need, Device device, const Context& ctx,
-                  std::initializer_list<NamedView> views)
-      : device_(device), ctx_(ctx) {
-    if (need == 0) return;
-    if (given.data) {
-      if (given.bytes < need)
-        fail(kBad, "{}: workspace has {} bytes; expected at least {} (see roi_align_backward_workspace_size)", op,
-             given.bytes, need);
-      // addresses as integers: the buffers are unrelated allocations
-      const auto w0 = reinterpret_cast<std::uintptr_t>(given.data);
-      for (const NamedView& v : views) {
-        if (!v.view->defined() || v.view->numel() == 0 || v.view->device != device) continue;
-        const auto v0 = reinterpret_cast<std::uintptr_t>(v.view->data);
-        if (w0 < v0 + static_cast<std::uintptr_t>(v.view->span_bytes()) && v0 < w0 + need)
-          fail(kBad, "{}: workspace [{}, +{} bytes) overlaps {} in memory; expected disjoint memory", op,
-               given.data, need, v.name);
-      }
-      ws_ = given;
-      return;
-    }
-    alloc_ = ctx.allocator ? ctx.allocator : &default_allocator();
-    ws_.data = alloc_->allocate(need, device, ctx.cuda_stream);
-    ws_.bytes = need;
-  }
-  ~ScopedWorkspace() {
-    if (alloc_ && ws_.data) alloc_->deallocate(ws_.data, ws_.bytes, device_, ctx_.cuda_stream);
-  }
-  ScopedWorkspace(const ScopedWorkspace&) = delete;
-  ScopedWorkspace& operator=(const ScopedWorkspace&) = delete;
-  Workspace get() const {
-    if (!ws_.data) return ws_;
-    const auto addr = reinterpret_cast<std::uintptr_t>(ws_.data);
-    const std::size_t pad = (kWorkspaceAlign - addr % kWorkspaceAlign) % kWorkspaceAlign;
-    return Workspace{static_cast<unsigned char*>(ws_.data) + pad, ws_.bytes - pad};
-  }
-
- private:
-  Workspace ws_{};
-  Allocator* alloc_ = nullptr;
-  Device device_;
-  const Context& ctx_;
-};
 
 internal::RoiAlignCall validate_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
                                         const RoiAlignOptions& o, const TensorView& argmax) {
   const char* op = "roi_align_forward";
   check_options(op, o);
   check_tensor(op, "input", input, 4);
-  if (!is_floating(input.dtype)) fail(kBad, "{}: input has dtype {}; expected a floating dtype", op, dtype_name(input.dtype));
+  internal::check_floating(op, "input", input);
   check_rois_tensor(op, rois, input, "input");
   check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
-  check_non_overlapping(op, "output", output);
-  check_argmax(op, argmax, o, output, "output", true);
+  check_argmax(op, argmax, o, output, "output");
   // The outputs are written while the inputs are read: no shared byte (not even an exact alias).
-  check_no_partial_overlap(op, "output", output, "input", input, false);
-  check_no_partial_overlap(op, "output", output, "rois", rois, false);
-  check_no_partial_overlap(op, "argmax", argmax, "input", input, false);
-  check_no_partial_overlap(op, "argmax", argmax, "rois", rois, false);
-  check_no_partial_overlap(op, "argmax", argmax, "output", output, false);
+  internal::check_outputs(op, {{"output", &output}, {"argmax", &argmax}});
+  internal::check_disjoint(op, {"output", &output}, {{"input", &input}, {"rois", &rois}});
+  internal::check_disjoint(op, {"argmax", &argmax}, {{"input", &input}, {"rois", &rois}});
   if (rois.sizes[0] > 0 && input.sizes[1] > 0 && (input.sizes[2] == 0 || input.sizes[3] == 0))
     fail(kBad, "{}: input has sizes {}; expected H > 0 and W > 0 when there are rois to pool", op, sizes_str(input));
   internal::RoiAlignCall call{op, input, rois, output, argmax, make_shape(input, rois.sizes[0], o),
@@ -242,17 +181,15 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   if (b.truncation != TruncationFormat::kFloat16 && b.truncation != TruncationFormat::kBFloat16)
     fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
   check_tensor(op, "grad_input", grad_input, 4);
-  if (!is_floating(grad_input.dtype))
-    fail(kBad, "{}: grad_input has dtype {}; expected a floating dtype", op, dtype_name(grad_input.dtype));
-  check_non_overlapping(op, "grad_input", grad_input);
+  internal::check_floating(op, "grad_input", grad_input);
+  internal::check_outputs(op, {{"grad_input", &grad_input}});
   check_rois_tensor(op, rois, grad_input, "grad_input");
   check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype, grad_input,
                "grad_input");
-  check_argmax(op, argmax, o, grad_output, "grad_output", false, argmax_required);
+  check_argmax(op, argmax, o, grad_output, "grad_output", argmax_required);
   // grad_input is written while the others are read: no shared byte (not even an exact alias).
-  check_no_partial_overlap(op, "grad_input", grad_input, "grad_output", grad_output, false);
-  check_no_partial_overlap(op, "grad_input", grad_input, "rois", rois, false);
-  check_no_partial_overlap(op, "grad_input", grad_input, "argmax", argmax, false);
+  internal::check_disjoint(op, {"grad_input", &grad_input},
+                           {{"grad_output", &grad_output}, {"rois", &rois}, {"argmax", &argmax}});
   if (rois.sizes[0] > 0 && grad_input.sizes[1] > 0 && (grad_input.sizes[2] == 0 || grad_input.sizes[3] == 0))
     fail(kBad, "{}: grad_input has sizes {}; expected H > 0 and W > 0 when there are rois", op, sizes_str(grad_input));
   internal::RoiAlignCall call{op, grad_input, rois, grad_output, argmax, make_shape(grad_input, rois.sizes[0], o),
@@ -264,7 +201,8 @@ bool needs_total(const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
   return b.mode == BackwardMode::kExact && o.sampling_ratio <= 0;
 }
 
-std::size_t workspace_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
+/// Bytes of the backward's workspace layout (without the alignment slack).
+std::size_t layout_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
   if (call.shape.K == 0 || call.shape.C == 0) return 0;
   if (mode == BackwardMode::kExact) {
     // Slots are 4 per sample; sized in double first so a huge problem is an error, not an overflow.
@@ -277,9 +215,7 @@ std::size_t workspace_bytes(const internal::RoiAlignCall& call, const internal::
       fail(ErrorCode::kOutOfMemory, "{}: the exact mode would need {} slots (4 per sample); expected at most 2^40 "
            "(use fewer rois per call or a smaller sampling_ratio)", call.op, 4.0 * samples);
   }
-  return with_alignment_slack(call.features.device.is_cpu()
-                                  ? internal::roi_align_backward_workspace_cpu(call, check, mode)
-                                  : internal::roi_align_backward_workspace_cuda(call, check, mode));
+  return backend(call).backward_workspace(call, check, mode);
 }
 
 }  // namespace
@@ -289,8 +225,7 @@ void roi_align_forward(const TensorView& input, const TensorView& rois, const Te
   const internal::RoiAlignCall call = validate_forward(input, rois, output, options, argmax);
   check_rois_values(call, options, false, ctx);
   if (output.numel() == 0) return;
-  if (input.device.is_cpu()) internal::roi_align_forward_cpu(call, ctx);
-  else internal::roi_align_forward_cuda(call, ctx);
+  backend(call).forward(call, ctx);
 }
 
 std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, const TensorView& rois,
@@ -298,7 +233,7 @@ std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, con
                                               const RoiAlignBackwardOptions& backward, const Context& ctx) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {}, false);
   const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
-  return workspace_bytes(call, check, backward.mode);
+  return internal::workspace_size_with_slack(layout_bytes(call, check, backward.mode));
 }
 
 void roi_align_backward(const TensorView& grad_output, const TensorView& rois, const TensorView& grad_input,
@@ -306,12 +241,13 @@ void roi_align_backward(const TensorView& grad_output, const TensorView& rois, c
                         const TensorView& argmax, Workspace workspace) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
   const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
-  const std::size_t need = workspace_bytes(call, check, backward.mode);
-  ScopedWorkspace ws(call.op, workspace, need, grad_input.device, ctx,
-                     {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input}, {"argmax", &argmax}});
+  const std::size_t bytes = layout_bytes(call, check, backward.mode);
+  const internal::Scratch scratch(call.op, bytes, grad_input.device, ctx, workspace,
+                                  {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},
+                                   {"argmax", &argmax}},
+                                  "roi_align_backward_workspace_size");
   if (grad_input.numel() == 0) return;
-  if (grad_input.device.is_cpu()) internal::roi_align_backward_cpu(call, check, backward, ctx, ws.get());
-  else internal::roi_align_backward_cuda(call, check, backward, ctx, ws.get());
+  backend(call).backward(call, check, backward, ctx, scratch.workspace(bytes));
 }
 
 }  // namespace detops

@@ -2,15 +2,19 @@
 // one-call forward/backward that drive them over a Communicator.
 #include "detops/sync_batch_norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "internal/backend.h"
 #include "internal/common.h"
 #include "internal/runtime.h"
+#include "internal/scratch.h"
 #include "internal/sync_batch_norm_backend.h"
 #include "internal/validate.h"
 
@@ -18,30 +22,25 @@ namespace detops {
 namespace {
 
 using internal::fail;
+using internal::NamedView;
+using internal::SbnPass;
+using internal::SyncBnBackend;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+
+constexpr internal::OpBackends<SyncBnBackend> kBackends{&internal::kSyncBnCpu,
+                                                       DETOPS_CUDA_BACKEND(internal::kSyncBnCuda)};
+
+/// The backend of `device` (kNotCompiled for a CUDA tensor in a CPU-only build).
+const SyncBnBackend& backend(Device device, const char* op) { return internal::backend_for(kBackends, device, op); }
 
 // ---------------------------------------------------------------------------------------------
 // Validation
 
+/// x: [N, C, H, W] of a floating dtype, on a device this build has a backend for.
 void check_input(const char* op, const char* name, const TensorView& v) {
   internal::check_tensor(op, name, v, 4);
-  if (!internal::is_floating(v.dtype))
-    fail(kBad, "{}: {} has dtype {}; expected float32, float64, float16 or bfloat16", op, name, dtype_name(v.dtype));
-  if (v.device.is_cuda() && !internal::cuda_backend_compiled())
-    fail(ErrorCode::kNotCompiled, "{}: {} is on {}; this build of detops has no CUDA backend", op, name,
-         to_string(v.device));
-}
-
-void check_like(const char* op, const char* name, const TensorView& v, const char* ref_name, const TensorView& ref) {
-  internal::check_tensor(op, name, v, 4);
-  for (int d = 0; d < 4; ++d)
-    if (v.sizes[d] != ref.sizes[d])
-      fail(kBad, "{}: {} has sizes {}; expected the sizes of {}, {}", op, name, internal::sizes_str(v), ref_name,
-           internal::sizes_str(ref));
-  if (v.dtype != ref.dtype)
-    fail(kBad, "{}: {} has dtype {}; expected {}'s dtype {}", op, name, dtype_name(v.dtype), ref_name,
-         dtype_name(ref.dtype));
-  internal::check_same_device(op, name, v, ref_name, ref);
+  internal::check_floating(op, name, v);
+  backend(v.device, op);
 }
 
 enum class VecKind { kFloat64, kParam, kInt64 };
@@ -93,10 +92,6 @@ void check_options(const char* op, const SyncBnOptions& o) {
     fail(kBad, "{}: momentum is {}; expected a value in [0, 1] (or unset for a cumulative average)", op, *o.momentum);
 }
 
-detail::SbnParam param_of(const TensorView& v) {
-  return {v.data, v.dtype == DType::kFloat64, v.defined() ? v.strides[0] : 0};
-}
-
 /// weight/bias and running stats: pairs, [C], float32/float64, on x's device; num_batches_tracked
 /// [1] int64. Returns whether running statistics are tracked.
 bool check_params(const char* op, const SyncBnParams& p, const TensorView& x, const SyncBnOptions& o,
@@ -137,61 +132,22 @@ bool check_params(const char* op, const SyncBnParams& p, const TensorView& x, co
   return running;
 }
 
-/// save_mean / save_invstd: [C] float64 contiguous, disjoint from each other and from `others`.
+/// save_mean / save_invstd: [C] float64 contiguous; when written, disjoint from each other and
+/// from `others`.
 void check_saved(const char* op, const TensorView& mean, const TensorView& invstd, const TensorView& x, bool written,
-                 std::initializer_list<std::pair<const char*, const TensorView*>> others) {
+                 std::initializer_list<NamedView> others) {
   const std::int64_t C = x.sizes[1];
   check_vec(op, "save_mean", mean, C, VecKind::kFloat64, "x", x);
   check_vec(op, "save_invstd", invstd, C, VecKind::kFloat64, "x", x);
   if (!written) return;
-  internal::check_no_partial_overlap(op, "save_invstd", invstd, "save_mean", mean, false);
-  for (const auto& o : others) {
-    if (!o.second->defined()) continue;
-    internal::check_no_partial_overlap(op, "save_mean", mean, o.first, *o.second, false);
-    internal::check_no_partial_overlap(op, "save_invstd", invstd, o.first, *o.second, false);
-  }
-}
-
-/// A phase's output must not share bytes with any of the other tensors of the call (the phases
-/// read their inputs while they write; the one-call path never aliases its scratch).
-void check_disjoint(const char* op, const char* out_name, const TensorView& out,
-                    std::initializer_list<std::pair<const char*, const TensorView*>> others) {
-  for (const auto& o : others)
-    if (o.second->defined()) internal::check_no_partial_overlap(op, out_name, out, o.first, *o.second, false);
+  const NamedView m{"save_mean", &mean}, s{"save_invstd", &invstd};
+  internal::check_outputs(op, {m, s});
+  internal::check_disjoint(op, m, others);
+  internal::check_disjoint(op, s, others);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scratch memory on a device, stream-ordered on CUDA.
-
-class Scratch {
- public:
-  Scratch(std::size_t bytes, Device device, const Context& ctx) : device_(device), ctx_(ctx), bytes_(bytes) {
-    if (device.is_cpu()) {
-      host_.resize((bytes + 7) / 8);
-      data_ = host_.data();
-    } else if (bytes) {
-      alloc_ = ctx.allocator ? ctx.allocator : &default_allocator();
-      data_ = alloc_->allocate(bytes, device, ctx.cuda_stream);
-    }
-  }
-  ~Scratch() {
-    if (alloc_ && data_) alloc_->deallocate(data_, bytes_, device_, ctx_.cuda_stream);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  Device device_;
-  const Context& ctx_;
-  std::size_t bytes_;
-  std::vector<std::int64_t> host_;
-  Allocator* alloc_ = nullptr;
-  void* data_ = nullptr;
-};
+// Collectives
 
 /// All-gathers `words` int64 words per rank (on `device`) into gathered [size * words].
 void gather_words(Communicator& comm, const std::int64_t* local, std::int64_t words, std::int64_t* gathered,
@@ -229,16 +185,33 @@ struct Header {
 };
 static_assert(sizeof(Header) == 48, "");
 
-std::int64_t make_flags(std::int64_t op, const TensorView& x, const SyncBnOptions& o, bool a, bool b, bool c) {
-  return op | (static_cast<std::int64_t>(x.dtype) << 4) | (static_cast<std::int64_t>(o.mode) << 12) |
-         (std::int64_t{o.training} << 16) | (std::int64_t{a} << 17) | (std::int64_t{b} << 18) | (std::int64_t{c} << 19);
+/// The optional tensors a call was given, by direction: bit 17 + i of the header's flags.
+constexpr const char* kForwardParts[] = {"weight/bias", "running_mean/var"};
+constexpr const char* kBackwardParts[] = {"grad_x", "grad_weight", "grad_bias"};
+
+std::int64_t make_flags(std::int64_t op, const TensorView& x, const SyncBnOptions& o,
+                        std::initializer_list<bool> given) {
+  std::int64_t f = op | (static_cast<std::int64_t>(x.dtype) << 4) | (static_cast<std::int64_t>(o.mode) << 12) |
+                   (std::int64_t{o.training} << 16);
+  int bit = 17;
+  for (const bool g : given) f |= std::int64_t{g} << bit++;
+  return f;
 }
 
+/// "forward float32 training, default mode, weight/bias given, running_mean/var absent".
 std::string describe_flags(std::int64_t f) {
-  return fmt::format("{} {} {} mode {}{}{}{}", (f & 15) == kOpForward ? "forward" : "backward",
-                     dtype_name(static_cast<DType>((f >> 4) & 255)), (f >> 16) & 1 ? "training" : "evaluation",
-                     ((f >> 12) & 15) == 0 ? "default" : "exact", (f >> 17) & 1 ? " +a" : "", (f >> 18) & 1 ? " +b" : "",
-                     (f >> 19) & 1 ? " +c" : "");
+  const bool forward = (f & 15) == kOpForward;
+  std::string s = fmt::format("{} {} {}, {} mode", forward ? "forward" : "backward",
+                              dtype_name(static_cast<DType>((f >> 4) & 255)), (f >> 16) & 1 ? "training" : "evaluation",
+                              ((f >> 12) & 15) == 0 ? "default" : "exact");
+  int bit = 17;
+  const auto add = [&](const char* part) { s += fmt::format(", {} {}", part, (f >> bit++) & 1 ? "given" : "absent"); };
+  if (forward) {
+    for (const char* part : kForwardParts) add(part);
+  } else {
+    for (const char* part : kBackwardParts) add(part);
+  }
+  return s;
 }
 
 /// A header before validation: the communicator's next sequence number (only training calls
@@ -301,58 +274,24 @@ void agree(const char* op, Communicator* comm, const SyncBnOptions& o, Header mi
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backend dispatch
+// Calls to the backend
 
-bool on_cpu(const TensorView& v) { return v.device.is_cpu(); }
-
-void local_scales(const TensorView& x, const TensorView& dy, const double* mean, std::int64_t* out, const Context& ctx) {
-  if (on_cpu(x)) internal::sbn_local_scales_cpu(x, dy, mean, out, ctx);
-  else internal::sbn_local_scales_cuda(x, dy, mean, out, ctx);
-}
-void merge_scales(const std::int64_t* g, std::int64_t ranks, std::int64_t words, std::int64_t* out, Device dev,
-                  const Context& ctx) {
-  if (dev.is_cpu()) internal::sbn_merge_scales_cpu(g, ranks, words, out);
-  else internal::sbn_merge_scales_cuda(g, ranks, words, out, dev, ctx);
-}
-void local_stats(const TensorView& x, bool exact, const std::int64_t* scales, std::int64_t* record, const Context& ctx) {
-  if (on_cpu(x)) internal::sbn_local_stats_cpu(x, exact, scales, record, ctx);
-  else internal::sbn_local_stats_cuda(x, exact, scales, record, ctx);
-}
-void local_backward(const TensorView& dy, const TensorView& x, const double* mean, bool exact,
-                    const std::int64_t* scales, std::int64_t* record, const Context& ctx) {
-  if (on_cpu(x)) internal::sbn_local_backward_cpu(dy, x, mean, exact, scales, record, ctx);
-  else internal::sbn_local_backward_cuda(dy, x, mean, exact, scales, record, ctx);
-}
-void finalize(const detail::SbnFinalizeArgs& a, Device dev, const Context& ctx) {
-  if (dev.is_cpu()) internal::sbn_finalize_cpu(a);
-  else internal::sbn_finalize_cuda(a, dev, ctx);
-}
-void finalize_backward(const detail::SbnBackwardFinalizeArgs& a, Device dev, const Context& ctx) {
-  if (dev.is_cpu()) internal::sbn_finalize_backward_cpu(a);
-  else internal::sbn_finalize_backward_cuda(a, dev, ctx);
-}
-void apply(const TensorView& x, const SyncBnParams& p, const double* mean, const double* invstd, const TensorView& y,
-           const Context& ctx) {
-  if (on_cpu(x)) internal::sbn_apply_cpu(x, param_of(p.weight), param_of(p.bias), mean, invstd, y, ctx);
-  else internal::sbn_apply_cuda(x, param_of(p.weight), param_of(p.bias), mean, invstd, y, ctx);
-}
-void backward_apply(const TensorView& dy, const TensorView& x, const TensorView& weight, const double* mean,
-                    const double* invstd, const double* sums, const TensorView& dx, const Context& ctx) {
-  if (on_cpu(x)) internal::sbn_backward_apply_cpu(dy, x, param_of(weight), mean, invstd, sums, dx, ctx);
-  else internal::sbn_backward_apply_cuda(dy, x, param_of(weight), mean, invstd, sums, dx, ctx);
+detail::SbnParam param_of(const TensorView& v) {
+  return {v.data, v.dtype == DType::kFloat64, v.defined() ? v.strides[0] : 0};
 }
 
-/// Exact mode: this rank's exponents, gathered over the ranks and merged, in scratch laid out as
-/// [local words | gathered ranks * words | merged words]; returns the merged ones.
-std::int64_t* agree_scales(Communicator* comm, std::int64_t ranks, const TensorView& x, const TensorView& dy,
-                           const double* mean, std::int64_t words, std::int64_t* scratch, const Context& ctx) {
-  std::int64_t* local = scratch;
-  std::int64_t* all = scratch + words;
-  std::int64_t* merged = all + ranks * words;
-  local_scales(x, dy, mean, local, ctx);
-  if (ranks > 1) gather_words(*comm, local, words, all, x.device, ctx);
-  merge_scales(ranks > 1 ? all : local, ranks > 1 ? ranks : 1, words, merged, x.device, ctx);
-  return merged;
+const std::int64_t* i64(const TensorView& v) { return static_cast<const std::int64_t*>(v.data); }
+std::int64_t* i64_out(const TensorView& v) { return static_cast<std::int64_t*>(v.data); }
+const double* f64(const TensorView& v) { return static_cast<const double*>(v.data); }
+double* f64_out(const TensorView& v) { return static_cast<double*>(v.data); }
+
+/// Runs f(ws) with `pass`'s backend scratch from ctx.allocator (the phases take no workspace).
+template <class F>
+void with_pass_scratch(const char* op, const SyncBnBackend& be, SbnPass pass, const TensorView& x, bool exact,
+                       const Context& ctx, F&& f) {
+  const std::size_t bytes = be.scratch_bytes(pass, x, exact);
+  const internal::Scratch scratch(op, bytes, x.device, ctx);
+  f(scratch.workspace(bytes));
 }
 
 detail::SbnFinalizeArgs finalize_args(const std::int64_t* gathered, std::int64_t ranks, std::int64_t C,
@@ -381,6 +320,28 @@ detail::SbnFinalizeArgs finalize_args(const std::int64_t* gathered, std::int64_t
   return a;
 }
 
+/// Merges `ranks` gathered backward records of `words` words: sums, and row `rank`'s grad_weight
+/// and grad_bias.
+detail::SbnBackwardFinalizeArgs finalize_backward_args(const std::int64_t* gathered, std::int64_t ranks,
+                                                       std::int64_t words, std::int64_t C, std::int64_t rank,
+                                                       bool exact, const std::int64_t* exponents, const double* invstd,
+                                                       double* sums, const TensorView& grad_weight,
+                                                       const TensorView& grad_bias) {
+  detail::SbnBackwardFinalizeArgs a{};
+  a.gathered = gathered;
+  a.ranks = ranks;
+  a.words = words;
+  a.channels = C;
+  a.rank = rank;
+  a.exact = exact;
+  a.exponents = exponents;
+  a.save_invstd = invstd;
+  a.sums = sums;
+  a.grad_weight = param_of(grad_weight);
+  a.grad_bias = param_of(grad_bias);
+  return a;
+}
+
 /// An absent tensor, for the optional entries of check_disjoint.
 const TensorView& absent_view() {
   static const TensorView none{};
@@ -390,6 +351,156 @@ const TensorView& absent_view() {
 void check_exact_count(const char* op, std::int64_t count) {
   if (count > detail::kSbnExactMaxCount)
     fail(kBad, "{}: {} elements per channel; the exact mode supports fewer than 2^39", op, count);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one-call forward and backward: validation, workspace, run
+
+/// What a one-call direction does and the workspace it carves, in one order (sizing and carving):
+/// exact mode [local scales | gathered scales (ranks > 1) | merged scales], this rank's record,
+/// the gathered records (ranks > 1), the backward's sums (2C + 1 float64), the backend's scratch.
+/// An evaluation forward carves nothing.
+struct Plan {
+  bool exact = false;
+  std::int64_t ranks = 1;        // rows gathered (1: no collective)
+  std::int64_t scale_words = 0;  // exact mode: C (forward) or 2C (backward)
+  std::int64_t words = 0;        // record words
+  std::size_t backend_bytes = 0;
+  internal::WorkspaceLayout layout;
+};
+
+Plan make_plan(const SyncBnBackend& be, const TensorView& x, bool backward, bool global, const TensorView& grad_x,
+               const Communicator* comm, SyncBnMode mode) {
+  Plan p;
+  const std::int64_t C = x.sizes[1];
+  p.exact = global && mode == SyncBnMode::kExact;
+  p.ranks = global && comm ? comm->size() : 1;
+  p.scale_words = p.exact ? (backward ? 2 * C : C) : 0;
+  p.words = detail::sbn_record_words(C, p.exact);
+  const std::int64_t gathered_rows = p.ranks > 1 ? p.ranks : 0;
+  p.layout.add<std::int64_t>(p.scale_words);
+  p.layout.add<std::int64_t>(gathered_rows * p.scale_words);
+  p.layout.add<std::int64_t>(p.scale_words);
+  p.layout.add<std::int64_t>(p.words);
+  p.layout.add<std::int64_t>(gathered_rows * p.words);
+  p.layout.add<double>(backward ? 2 * C + 1 : 0);
+  if (backward) {
+    p.backend_bytes = be.scratch_bytes(SbnPass::kLocalBackward, x, p.exact);
+    if (grad_x.defined()) p.backend_bytes = std::max(p.backend_bytes, be.scratch_bytes(SbnPass::kBackwardApply, x, false));
+  } else {
+    p.backend_bytes = be.scratch_bytes(SbnPass::kLocalStats, x, p.exact);
+  }
+  p.layout.add_bytes(p.backend_bytes);
+  return p;
+}
+
+Plan forward_plan(const TensorView& x, const Communicator* comm, const SyncBnOptions& o, const char* op) {
+  if (!o.training) return Plan{};  // evaluation: the running statistics, no records
+  return make_plan(backend(x.device, op), x, false, true, TensorView{}, comm, o.mode);
+}
+
+/// Training with grad_x: global sums over the ranks; otherwise (evaluation, or only the parameter
+/// gradients) this rank's sums in the default mode, no communication.
+Plan backward_plan(const TensorView& x, const TensorView& grad_x, const Communicator* comm, const SyncBnOptions& o,
+                   const char* op) {
+  return make_plan(backend(x.device, op), x, true, o.training && grad_x.defined(), grad_x, comm, o.mode);
+}
+
+/// The plan's arrays in the scratch memory.
+struct Carved {
+  std::int64_t *local_scales, *gathered_scales, *scales, *record, *gathered;
+  double* sums;
+  Workspace backend;
+};
+
+Carved carve(Plan& p, const internal::Scratch& scratch) {
+  scratch.bind(p.layout);
+  Carved c{};
+  c.local_scales = p.layout.take<std::int64_t>();
+  c.gathered_scales = p.layout.take<std::int64_t>();
+  c.scales = p.layout.take<std::int64_t>();
+  c.record = p.layout.take<std::int64_t>();
+  c.gathered = p.layout.take<std::int64_t>();
+  c.sums = p.layout.take<double>();
+  c.backend = Workspace{p.layout.take<unsigned char>(), p.backend_bytes};
+  return c;
+}
+
+void check_comm(const char* op, const Communicator* comm, const SyncBnOptions& opts) {
+  if (comm && opts.training && comm->size() < 1)
+    fail(kBad, "{}: communicator {} has size {}; expected >= 1", op, comm->name(), comm->size());
+}
+
+/// Exact mode: this rank's exponents (x's, or grad_y's and grad_y * (x - mean)'s), gathered over
+/// the ranks and merged into c.scales.
+void agree_scales(const SyncBnBackend& be, Communicator* comm, const Plan& p, const Carved& c, const TensorView& x,
+                  const TensorView& dy, const double* mean, const Context& ctx) {
+  be.local_scales({x, dy, mean, true, nullptr, c.local_scales}, ctx);
+  if (p.ranks > 1) gather_words(*comm, c.local_scales, p.scale_words, c.gathered_scales, x.device, ctx);
+  be.merge_scales({p.ranks > 1 ? c.gathered_scales : c.local_scales, p.ranks, p.scale_words, c.scales, x.device}, ctx);
+}
+
+/// Validates the forward's arguments (writing the header's fields); returns whether running
+/// statistics are tracked.
+bool validate_forward(const char* op, const TensorView& x, const SyncBnParams& params, const TensorView& y,
+                      const TensorView& save_mean, const TensorView& save_invstd, const Communicator* comm,
+                      const SyncBnOptions& opts, Header& mine) {
+  check_options(op, opts);
+  check_input(op, "x", x);
+  mine.channels = x.sizes[1];
+  mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
+  mine.flags = make_flags(kOpForward, x, opts, {params.weight.defined(), params.running_mean.defined()});
+  internal::check_like(op, "y", y, "x", x);
+  internal::check_non_overlapping(op, "y", y);
+  internal::check_no_partial_overlap(op, "y", y, "x", x, true);
+  const bool running = check_params(op, params, x, opts, !opts.training);
+  const NamedView xs{"x", &x}, ys{"y", &y}, w{"weight", &params.weight}, b{"bias", &params.bias},
+      rm{"running_mean", &params.running_mean}, rv{"running_var", &params.running_var},
+      nbt{"num_batches_tracked", &params.num_batches_tracked}, sm{"save_mean", &save_mean},
+      si{"save_invstd", &save_invstd};
+  check_saved(op, save_mean, save_invstd, x, true, {xs, ys, w, b, rm, rv});
+  internal::check_disjoint(op, ys, {w, b, rm, rv});
+  if (opts.training && running) {
+    // Updated in place after x, weight and bias are first read and before they are read again
+    // (apply): the running statistics must not share bytes with them, nor the counter with any
+    // other tensor (check_params compared it with the running statistics).
+    internal::check_disjoint(op, rm, {xs, w, b});
+    internal::check_disjoint(op, rv, {xs, w, b});
+    internal::check_disjoint(op, nbt, {xs, ys, w, b, sm, si});
+  }
+  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, mine.count);
+  check_comm(op, comm, opts);
+  return running;
+}
+
+void validate_backward(const char* op, const TensorView& grad_y, const TensorView& x, const TensorView& weight,
+                       const TensorView& save_mean, const TensorView& save_invstd, const TensorView& grad_x,
+                       const TensorView& grad_weight, const TensorView& grad_bias, const Communicator* comm,
+                       const SyncBnOptions& opts, Header& mine) {
+  check_options(op, opts);
+  check_input(op, "x", x);
+  const std::int64_t C = x.sizes[1];
+  mine.channels = C;
+  mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
+  mine.flags = make_flags(kOpBackward, x, opts, {grad_x.defined(), grad_weight.defined(), grad_bias.defined()});
+  internal::check_like(op, "grad_y", grad_y, "x", x);
+  if (weight.defined()) check_vec(op, "weight", weight, C, VecKind::kParam, "x", x);
+  check_saved(op, save_mean, save_invstd, x, false, {});
+  if (grad_x.defined()) internal::check_like(op, "grad_x", grad_x, "x", x);
+  if (grad_weight.defined()) check_vec(op, "grad_weight", grad_weight, C, VecKind::kParam, "x", x);
+  if (grad_bias.defined()) check_vec(op, "grad_bias", grad_bias, C, VecKind::kParam, "x", x);
+  const NamedView xs{"x", &x}, gy{"grad_y", &grad_y}, w{"weight", &weight}, sm{"save_mean", &save_mean},
+      si{"save_invstd", &save_invstd}, gx{"grad_x", &grad_x}, gw{"grad_weight", &grad_weight},
+      gb{"grad_bias", &grad_bias};
+  internal::check_outputs(op, {gx, gw, gb});
+  internal::check_no_partial_overlap(op, "grad_x", grad_x, "grad_y", grad_y, true);  // may be in place
+  internal::check_disjoint(op, gx, {xs, w, sm, si});
+  internal::check_disjoint(op, gw, {xs, gy, w, sm, si});
+  internal::check_disjoint(op, gb, {xs, gy, w, sm, si});
+  if (grad_weight.defined() && !weight.defined())
+    fail(kBad, "{}: grad_weight is given but weight is absent; expected weight (affine) for a weight gradient", op);
+  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, mine.count);
+  check_comm(op, comm, opts);
 }
 
 }  // namespace
@@ -420,13 +531,13 @@ void sync_batch_norm_local_scales(const TensorView& x, const TensorView& grad_y,
   check_input(op, "x", x);
   const bool backward = grad_y.defined();
   if (backward) {
-    check_like(op, "grad_y", grad_y, "x", x);
+    internal::check_like(op, "grad_y", grad_y, "x", x);
     check_vec(op, "save_mean", save_mean, x.sizes[1], VecKind::kFloat64, "x", x);
   }
   check_vec(op, "scales", scales, sync_batch_norm_scale_words(x.sizes[1], backward), VecKind::kInt64, "x", x);
-  check_disjoint(op, "scales", scales, {{"x", &x}, {"grad_y", &grad_y}, {"save_mean", &save_mean}});
-  local_scales(x, grad_y, backward ? static_cast<const double*>(save_mean.data) : nullptr,
-               static_cast<std::int64_t*>(scales.data), ctx);
+  internal::check_disjoint(op, {"scales", &scales}, {{"x", &x}, {"grad_y", &grad_y}, {"save_mean", &save_mean}});
+  backend(x.device, op).local_scales({x, grad_y, backward ? f64(save_mean) : nullptr, true, nullptr, i64_out(scales)},
+                                     ctx);
 }
 
 void sync_batch_norm_merge_scales(const TensorView& gathered, const TensorView& scales, const Context& ctx) {
@@ -434,9 +545,8 @@ void sync_batch_norm_merge_scales(const TensorView& gathered, const TensorView& 
   internal::check_tensor(op, "scales", scales, 1);
   const std::int64_t ranks = check_gathered(op, gathered, scales.sizes[0], "scales", scales);
   check_vec(op, "scales", scales, gathered.sizes[1], VecKind::kInt64, "gathered", gathered);
-  check_disjoint(op, "scales", scales, {{"gathered", &gathered}});
-  merge_scales(static_cast<const std::int64_t*>(gathered.data), ranks, gathered.sizes[1],
-               static_cast<std::int64_t*>(scales.data), scales.device, ctx);
+  internal::check_disjoint(op, {"scales", &scales}, {{"gathered", &gathered}});
+  backend(scales.device, op).merge_scales({i64(gathered), ranks, gathered.sizes[1], i64_out(scales), scales.device}, ctx);
 }
 
 void sync_batch_norm_local_stats(const TensorView& x, const TensorView& record, SyncBnMode mode,
@@ -450,9 +560,11 @@ void sync_batch_norm_local_stats(const TensorView& x, const TensorView& record, 
     check_vec(op, "scales", scales, x.sizes[1], VecKind::kInt64, "x", x);
     check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   }
-  check_disjoint(op, "record", record, {{"x", &x}, {"scales", exact ? &scales : &absent_view()}});
-  local_stats(x, exact, exact ? static_cast<const std::int64_t*>(scales.data) : nullptr,
-              static_cast<std::int64_t*>(record.data), ctx);
+  internal::check_disjoint(op, {"record", &record}, {{"x", &x}, {"scales", exact ? &scales : &absent_view()}});
+  const SyncBnBackend& be = backend(x.device, op);
+  with_pass_scratch(op, be, SbnPass::kLocalStats, x, exact, ctx, [&](Workspace ws) {
+    be.local_stats({x, TensorView{}, nullptr, exact, exact ? i64(scales) : nullptr, i64_out(record)}, ctx, ws);
+  });
 }
 
 void sync_batch_norm_finalize_stats(const TensorView& gathered, const SyncBnParams& params, const TensorView& save_mean,
@@ -472,39 +584,38 @@ void sync_batch_norm_finalize_stats(const TensorView& gathered, const SyncBnPara
   check_saved(op, save_mean, save_invstd, like, true,
               {{"running_mean", &params.running_mean}, {"running_var", &params.running_var}, {"gathered", &gathered}});
   if (exact) check_vec(op, "scales", scales, C, VecKind::kInt64, "save_mean", save_mean);
-  const TensorView& sc = exact ? scales : absent_view();
-  check_disjoint(op, "save_mean", save_mean, {{"scales", &sc}});
-  check_disjoint(op, "save_invstd", save_invstd, {{"scales", &sc}});
+  const NamedView sc{"scales", exact ? &scales : &absent_view()}, g{"gathered", &gathered},
+      sm{"save_mean", &save_mean}, si{"save_invstd", &save_invstd}, w{"weight", &params.weight},
+      b{"bias", &params.bias};
+  internal::check_disjoint(op, sm, {sc});
+  internal::check_disjoint(op, si, {sc});
   if (running && opts.training) {  // updated in place
-    for (const auto& out : {std::make_pair("running_mean", &params.running_mean),
-                            std::make_pair("running_var", &params.running_var),
-                            std::make_pair("num_batches_tracked", &params.num_batches_tracked)})
-      if (out.second->defined())
-        check_disjoint(op, out.first, *out.second,
-                       {{"gathered", &gathered}, {"scales", &sc}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd},
-                        {"weight", &params.weight}, {"bias", &params.bias}});
+    internal::check_disjoint(op, {"running_mean", &params.running_mean}, {g, sc, sm, si, w, b});
+    internal::check_disjoint(op, {"running_var", &params.running_var}, {g, sc, sm, si, w, b});
+    internal::check_disjoint(op, {"num_batches_tracked", &params.num_batches_tracked}, {g, sc, sm, si, w, b});
   }
-  finalize(finalize_args(static_cast<const std::int64_t*>(gathered.data), ranks, C, opts,
-                         exact ? static_cast<const std::int64_t*>(scales.data) : nullptr, params,
-                         running && opts.training, static_cast<double*>(save_mean.data),
-                         static_cast<double*>(save_invstd.data)),
-           save_mean.device, ctx);
+  backend(save_mean.device, op)
+      .finalize(finalize_args(i64(gathered), ranks, C, opts, exact ? i64(scales) : nullptr, params,
+                              running && opts.training, f64_out(save_mean), f64_out(save_invstd)),
+                save_mean.device, ctx);
 }
 
 void sync_batch_norm_apply(const TensorView& x, const SyncBnParams& params, const TensorView& save_mean,
                            const TensorView& save_invstd, const TensorView& y, const Context& ctx) {
   const char* op = "sync_batch_norm_apply";
   check_input(op, "x", x);
-  check_like(op, "y", y, "x", x);
+  internal::check_like(op, "y", y, "x", x);
   internal::check_non_overlapping(op, "y", y);
   internal::check_no_partial_overlap(op, "y", y, "x", x, true);
   SyncBnOptions o;
   check_params(op, params, x, o, false);
   check_saved(op, save_mean, save_invstd, x, false, {});
-  check_disjoint(op, "y", y,
-                 {{"weight", &params.weight}, {"bias", &params.bias}, {"running_mean", &params.running_mean},
-                  {"running_var", &params.running_var}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
-  apply(x, params, static_cast<const double*>(save_mean.data), static_cast<const double*>(save_invstd.data), y, ctx);
+  internal::check_disjoint(op, {"y", &y},
+                           {{"weight", &params.weight}, {"bias", &params.bias}, {"running_mean", &params.running_mean},
+                            {"running_var", &params.running_var}, {"save_mean", &save_mean},
+                            {"save_invstd", &save_invstd}});
+  backend(x.device, op).apply({x, param_of(params.weight), param_of(params.bias), f64(save_mean), f64(save_invstd), y},
+                              ctx);
 }
 
 void sync_batch_norm_local_backward(const TensorView& grad_y, const TensorView& x, const TensorView& save_mean,
@@ -513,7 +624,7 @@ void sync_batch_norm_local_backward(const TensorView& grad_y, const TensorView& 
   const char* op = "sync_batch_norm_local_backward";
   check_mode(op, mode);
   check_input(op, "x", x);
-  check_like(op, "grad_y", grad_y, "x", x);
+  internal::check_like(op, "grad_y", grad_y, "x", x);
   check_vec(op, "save_mean", save_mean, x.sizes[1], VecKind::kFloat64, "x", x);
   const bool exact = mode == SyncBnMode::kExact;
   check_vec(op, "record", record, detail::sbn_record_words(x.sizes[1], exact), VecKind::kInt64, "x", x);
@@ -521,11 +632,13 @@ void sync_batch_norm_local_backward(const TensorView& grad_y, const TensorView& 
     check_vec(op, "scales", scales, 2 * x.sizes[1], VecKind::kInt64, "x", x);
     check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   }
-  check_disjoint(op, "record", record,
-                 {{"grad_y", &grad_y}, {"x", &x}, {"save_mean", &save_mean}, {"scales", exact ? &scales : &absent_view()}});
-  local_backward(grad_y, x, static_cast<const double*>(save_mean.data), exact,
-                 exact ? static_cast<const std::int64_t*>(scales.data) : nullptr,
-                 static_cast<std::int64_t*>(record.data), ctx);
+  internal::check_disjoint(
+      op, {"record", &record},
+      {{"grad_y", &grad_y}, {"x", &x}, {"save_mean", &save_mean}, {"scales", exact ? &scales : &absent_view()}});
+  const SyncBnBackend& be = backend(x.device, op);
+  with_pass_scratch(op, be, SbnPass::kLocalBackward, x, exact, ctx, [&](Workspace ws) {
+    be.local_backward({x, grad_y, f64(save_mean), exact, exact ? i64(scales) : nullptr, i64_out(record)}, ctx, ws);
+  });
 }
 
 void sync_batch_norm_finalize_backward(const TensorView& gathered, int rank, SyncBnMode mode,
@@ -544,29 +657,17 @@ void sync_batch_norm_finalize_backward(const TensorView& gathered, int rank, Syn
   if (grad_weight.defined()) check_vec(op, "grad_weight", grad_weight, C, VecKind::kParam, "gathered", gathered);
   if (grad_bias.defined()) check_vec(op, "grad_bias", grad_bias, C, VecKind::kParam, "gathered", gathered);
   if (exact) check_vec(op, "scales", scales, 2 * C, VecKind::kInt64, "gathered", gathered);
-  const TensorView& sc = exact ? scales : absent_view();
-  check_disjoint(op, "sums", sums, {{"gathered", &gathered}, {"save_invstd", &save_invstd}, {"scales", &sc}});
-  for (const auto& g : {std::make_pair("grad_weight", &grad_weight), std::make_pair("grad_bias", &grad_bias)}) {
-    if (!g.second->defined()) continue;
-    internal::check_non_overlapping(op, g.first, *g.second);
-    check_disjoint(op, g.first, *g.second,
-                   {{"gathered", &gathered}, {"save_invstd", &save_invstd}, {"scales", &sc}, {"sums", &sums}});
-  }
-  if (grad_weight.defined() && grad_bias.defined())
-    internal::check_no_partial_overlap(op, "grad_bias", grad_bias, "grad_weight", grad_weight, false);
-  detail::SbnBackwardFinalizeArgs a{};
-  a.gathered = static_cast<const std::int64_t*>(gathered.data);
-  a.ranks = ranks;
-  a.words = gathered.sizes[1];
-  a.channels = C;
-  a.rank = rank;
-  a.exact = exact;
-  a.exponents = exact ? static_cast<const std::int64_t*>(scales.data) : nullptr;
-  a.save_invstd = static_cast<const double*>(save_invstd.data);
-  a.sums = static_cast<double*>(sums.data);
-  a.grad_weight = param_of(grad_weight);
-  a.grad_bias = param_of(grad_bias);
-  finalize_backward(a, gathered.device, ctx);
+  const NamedView g{"gathered", &gathered}, si{"save_invstd", &save_invstd}, sc{"scales", exact ? &scales : &absent_view()},
+      su{"sums", &sums}, gw{"grad_weight", &grad_weight}, gb{"grad_bias", &grad_bias};
+  internal::check_disjoint(op, su, {g, si, sc});
+  internal::check_outputs(op, {gw, gb});
+  internal::check_disjoint(op, gw, {g, si, sc, su});
+  internal::check_disjoint(op, gb, {g, si, sc, su});
+  backend(gathered.device, op)
+      .finalize_backward(finalize_backward_args(i64(gathered), ranks, gathered.sizes[1], C, rank,
+                                                exact, exact ? i64(scales) : nullptr, f64(save_invstd), f64_out(sums),
+                                                grad_weight, grad_bias),
+                         gathered.device, ctx);
 }
 
 void sync_batch_norm_backward_apply(const TensorView& grad_y, const TensorView& x, const TensorView& weight,
@@ -574,191 +675,128 @@ void sync_batch_norm_backward_apply(const TensorView& grad_y, const TensorView& 
                                     const TensorView& grad_x, const Context& ctx) {
   const char* op = "sync_batch_norm_backward_apply";
   check_input(op, "x", x);
-  check_like(op, "grad_y", grad_y, "x", x);
-  check_like(op, "grad_x", grad_x, "x", x);
+  internal::check_like(op, "grad_y", grad_y, "x", x);
+  internal::check_like(op, "grad_x", grad_x, "x", x);
   internal::check_non_overlapping(op, "grad_x", grad_x);
   internal::check_no_partial_overlap(op, "grad_x", grad_x, "grad_y", grad_y, true);
   internal::check_no_partial_overlap(op, "grad_x", grad_x, "x", x, false);
   if (weight.defined()) check_vec(op, "weight", weight, x.sizes[1], VecKind::kParam, "x", x);
   check_saved(op, save_mean, save_invstd, x, false, {});
   check_vec(op, "sums", sums, 2 * x.sizes[1] + 1, VecKind::kFloat64, "x", x);
-  check_disjoint(op, "grad_x", grad_x,
-                 {{"weight", &weight}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}, {"sums", &sums}});
-  backward_apply(grad_y, x, weight, static_cast<const double*>(save_mean.data),
-                 static_cast<const double*>(save_invstd.data), static_cast<const double*>(sums.data), grad_x, ctx);
+  internal::check_disjoint(op, {"grad_x", &grad_x},
+                           {{"weight", &weight}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd},
+                            {"sums", &sums}});
+  const SyncBnBackend& be = backend(x.device, op);
+  with_pass_scratch(op, be, SbnPass::kBackwardApply, x, false, ctx, [&](Workspace ws) {
+    be.backward_apply({grad_y, x, param_of(weight), f64(save_mean), f64(save_invstd), f64(sums), grad_x}, ctx, ws);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
 // One call per direction
 
+std::size_t sync_batch_norm_forward_workspace_size(const TensorView& x, const Communicator* comm,
+                                                   const SyncBnOptions& opts) {
+  const char* op = "sync_batch_norm_forward_workspace_size";
+  check_options(op, opts);
+  check_input(op, "x", x);
+  check_comm(op, comm, opts);
+  return internal::workspace_size_with_slack(forward_plan(x, comm, opts, op).layout.bytes());
+}
+
+std::size_t sync_batch_norm_backward_workspace_size(const TensorView& x, const TensorView& grad_x,
+                                                    const Communicator* comm, const SyncBnOptions& opts) {
+  const char* op = "sync_batch_norm_backward_workspace_size";
+  check_options(op, opts);
+  check_input(op, "x", x);
+  if (grad_x.defined()) internal::check_like(op, "grad_x", grad_x, "x", x);
+  check_comm(op, comm, opts);
+  return internal::workspace_size_with_slack(backward_plan(x, grad_x, comm, opts, op).layout.bytes());
+}
+
 void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, const TensorView& y,
                              const TensorView& save_mean, const TensorView& save_invstd, Communicator* comm,
-                             const SyncBnOptions& opts, const Context& ctx) {
+                             const SyncBnOptions& opts, const Context& ctx, Workspace workspace) {
   const char* op = "sync_batch_norm_forward";
   Header mine = start_header(comm, opts, kOpForward);
   std::exception_ptr local_error;
   bool running = false;
+  Plan plan;
+  std::optional<internal::Scratch> scratch;  // in the checks: a bad workspace fails every rank
   try {
-    check_options(op, opts);
-    check_input(op, "x", x);
-    mine.channels = x.sizes[1];
-    mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
-    mine.flags = make_flags(kOpForward, x, opts, params.weight.defined(), params.running_mean.defined(), false);
-    check_like(op, "y", y, "x", x);
-    internal::check_non_overlapping(op, "y", y);
-    internal::check_no_partial_overlap(op, "y", y, "x", x, true);
-    running = check_params(op, params, x, opts, !opts.training);
-    check_saved(op, save_mean, save_invstd, x, true,
-                {{"x", &x}, {"y", &y}, {"weight", &params.weight}, {"bias", &params.bias},
-                 {"running_mean", &params.running_mean}, {"running_var", &params.running_var}});
-    for (const auto& pr : {std::make_pair("weight", &params.weight), std::make_pair("bias", &params.bias),
-                           std::make_pair("running_mean", &params.running_mean),
-                           std::make_pair("running_var", &params.running_var)}) {
-      if (!pr.second->defined()) continue;
-      internal::check_no_partial_overlap(op, "y", y, pr.first, *pr.second, false);
-    }
-    if (opts.training && running) {
-      // Updated in place after x, weight and bias are first read and before they are read again
-      // (apply): the running statistics must not share bytes with them, nor the counter with
-      // any other tensor (check_params compared it with the running statistics).
-      for (const auto& out : {std::make_pair("running_mean", &params.running_mean),
-                              std::make_pair("running_var", &params.running_var)})
-        for (const auto& in : {std::make_pair("x", &x), std::make_pair("weight", &params.weight),
-                               std::make_pair("bias", &params.bias)})
-          if (in.second->defined()) internal::check_no_partial_overlap(op, out.first, *out.second, in.first, *in.second, false);
-      if (params.num_batches_tracked.defined())
-        for (const auto& in : {std::make_pair("x", &x), std::make_pair("y", &y), std::make_pair("weight", &params.weight),
-                               std::make_pair("bias", &params.bias), std::make_pair("save_mean", &save_mean),
-                               std::make_pair("save_invstd", &save_invstd)})
-          if (in.second->defined())
-            internal::check_no_partial_overlap(op, "num_batches_tracked", params.num_batches_tracked, in.first,
-                                               *in.second, false);
-    }
-    if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
-    if (comm && opts.training && comm->size() < 1)
-      fail(kBad, "{}: communicator {} has size {}; expected >= 1", op, comm->name(), comm->size());
+    running = validate_forward(op, x, params, y, save_mean, save_invstd, comm, opts, mine);
+    plan = forward_plan(x, comm, opts, op);
+    scratch.emplace(op, plan.layout.bytes(), x.device, ctx, workspace,
+                    std::initializer_list<NamedView>{
+                        {"x", &x}, {"y", &y}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd},
+                        {"weight", &params.weight}, {"bias", &params.bias}, {"running_mean", &params.running_mean},
+                        {"running_var", &params.running_var}, {"num_batches_tracked", &params.num_batches_tracked}},
+                    "sync_batch_norm_forward_workspace_size");
   } catch (const Error&) {
     local_error = std::current_exception();
   }
   agree(op, comm, opts, mine, local_error);
 
+  const SyncBnBackend& be = backend(x.device, op);
   const std::int64_t C = x.sizes[1];
-  double* mean = static_cast<double*>(save_mean.data);
-  double* invstd = static_cast<double*>(save_invstd.data);
+  double* mean = f64_out(save_mean);
+  double* invstd = f64_out(save_invstd);
+  const internal::SbnApplyCall apply{x, param_of(params.weight), param_of(params.bias), mean, invstd, y};
   if (!opts.training) {
-    if (x.device.is_cpu()) {
-      internal::sbn_eval_stats_cpu(param_of(params.running_mean), param_of(params.running_var), opts.eps, C, mean, invstd);
-    } else {
-      internal::sbn_eval_stats_cuda(param_of(params.running_mean), param_of(params.running_var), opts.eps, C, mean,
-                                    invstd, x.device, ctx);
-    }
-    apply(x, params, mean, invstd, y, ctx);
+    be.eval_stats({param_of(params.running_mean), param_of(params.running_var), opts.eps, C, mean, invstd, x.device},
+                  ctx);
+    be.apply(apply, ctx);
     return;
   }
-  const bool exact = opts.mode == SyncBnMode::kExact;
-  const std::int64_t ranks = comm ? comm->size() : 1;
-  const std::int64_t words = detail::sbn_record_words(C, exact);
-  // one scratch buffer: [scales_local C | scales_gathered ranks*C | scales C] (exact),
-  // record [words], gathered [ranks * words]
-  const std::int64_t scale_words = exact ? C * (2 + ranks) : 0;
-  Scratch scratch(static_cast<std::size_t>(scale_words + words * (1 + ranks)) * sizeof(std::int64_t), x.device, ctx);
-  std::int64_t* base = scratch.as<std::int64_t>();
-  std::int64_t* scales = nullptr;
-  if (exact) scales = agree_scales(comm, ranks, x, TensorView{}, nullptr, C, base, ctx);
-  std::int64_t* record = base + scale_words;
-  std::int64_t* gathered = record + words;
-  local_stats(x, exact, scales, record, ctx);
-  if (ranks > 1) gather_words(*comm, record, words, gathered, x.device, ctx);
-  else gathered = record;
-  finalize(finalize_args(gathered, ranks, C, opts, scales, params, running, mean, invstd), x.device, ctx);
-  apply(x, params, mean, invstd, y, ctx);
+  const Carved c = carve(plan, *scratch);
+  if (plan.exact) agree_scales(be, comm, plan, c, x, TensorView{}, nullptr, ctx);
+  be.local_stats({x, TensorView{}, nullptr, plan.exact, plan.exact ? c.scales : nullptr, c.record}, ctx, c.backend);
+  if (plan.ranks > 1) gather_words(*comm, c.record, plan.words, c.gathered, x.device, ctx);
+  be.finalize(finalize_args(plan.ranks > 1 ? c.gathered : c.record, plan.ranks, C, opts,
+                            plan.exact ? c.scales : nullptr, params, running, mean, invstd),
+              x.device, ctx);
+  be.apply(apply, ctx);
 }
 
 void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, const TensorView& weight,
                               const TensorView& save_mean, const TensorView& save_invstd, const TensorView& grad_x,
                               const TensorView& grad_weight, const TensorView& grad_bias, Communicator* comm,
-                              const SyncBnOptions& opts, const Context& ctx) {
+                              const SyncBnOptions& opts, const Context& ctx, Workspace workspace) {
   const char* op = "sync_batch_norm_backward";
   Header mine = start_header(comm, opts, kOpBackward);
   std::exception_ptr local_error;
+  Plan plan;
+  std::optional<internal::Scratch> scratch;  // in the checks: a bad workspace fails every rank
   try {
-    check_options(op, opts);
-    check_input(op, "x", x);
-    mine.channels = x.sizes[1];
-    mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
-    mine.flags = make_flags(kOpBackward, x, opts, grad_x.defined(), grad_weight.defined(), grad_bias.defined());
-    check_like(op, "grad_y", grad_y, "x", x);
-    if (weight.defined()) check_vec(op, "weight", weight, x.sizes[1], VecKind::kParam, "x", x);
-    check_saved(op, save_mean, save_invstd, x, false, {});
-    if (grad_x.defined()) {
-      check_like(op, "grad_x", grad_x, "x", x);
-      internal::check_non_overlapping(op, "grad_x", grad_x);
-      internal::check_no_partial_overlap(op, "grad_x", grad_x, "grad_y", grad_y, true);
-      internal::check_no_partial_overlap(op, "grad_x", grad_x, "x", x, false);
-      for (const auto& pr : {std::make_pair("weight", &weight), std::make_pair("save_mean", &save_mean),
-                             std::make_pair("save_invstd", &save_invstd)})
-        if (pr.second->defined()) internal::check_no_partial_overlap(op, "grad_x", grad_x, pr.first, *pr.second, false);
-    }
-    for (const auto& g : {std::make_pair("grad_weight", &grad_weight), std::make_pair("grad_bias", &grad_bias)}) {
-      if (!g.second->defined()) continue;
-      check_vec(op, g.first, *g.second, x.sizes[1], VecKind::kParam, "x", x);
-      internal::check_non_overlapping(op, g.first, *g.second);
-      for (const auto& in : {std::make_pair("x", &x), std::make_pair("grad_y", &grad_y), std::make_pair("weight", &weight),
-                             std::make_pair("save_mean", &save_mean), std::make_pair("save_invstd", &save_invstd),
-                             std::make_pair("grad_x", &grad_x)})
-        if (in.second->defined()) internal::check_no_partial_overlap(op, g.first, *g.second, in.first, *in.second, false);
-    }
-    if (grad_weight.defined() && grad_bias.defined())
-      internal::check_no_partial_overlap(op, "grad_bias", grad_bias, "grad_weight", grad_weight, false);
-    if (grad_weight.defined() && !weight.defined())
-      fail(kBad, "{}: grad_weight is given but weight is absent; expected weight (affine) for a weight gradient", op);
-    if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
+    validate_backward(op, grad_y, x, weight, save_mean, save_invstd, grad_x, grad_weight, grad_bias, comm, opts, mine);
+    plan = backward_plan(x, grad_x, comm, opts, op);
+    scratch.emplace(op, plan.layout.bytes(), x.device, ctx, workspace,
+                    std::initializer_list<NamedView>{
+                        {"grad_y", &grad_y}, {"x", &x}, {"weight", &weight}, {"save_mean", &save_mean},
+                        {"save_invstd", &save_invstd}, {"grad_x", &grad_x}, {"grad_weight", &grad_weight},
+                        {"grad_bias", &grad_bias}},
+                    "sync_batch_norm_backward_workspace_size");
   } catch (const Error&) {
     local_error = std::current_exception();
   }
   agree(op, comm, opts, mine, local_error);
 
+  const SyncBnBackend& be = backend(x.device, op);
   const std::int64_t C = x.sizes[1];
-  const double* mean = static_cast<const double*>(save_mean.data);
-  const double* invstd = static_cast<const double*>(save_invstd.data);
-  // training with grad_x: global sums over the ranks; otherwise (evaluation, or only the
-  // parameter gradients) this rank's sums in the default mode, no communication
-  const bool global = opts.training && grad_x.defined();
-  const bool exact = global && opts.mode == SyncBnMode::kExact;
-  const std::int64_t ranks = global && comm ? comm->size() : 1;
-  const std::int64_t words = detail::sbn_record_words(C, exact);
-  const std::int64_t scale_words = exact ? 2 * C * (2 + ranks) : 0;
-  const std::int64_t sums_words = 2 * C + 1;  // doubles
-  Scratch scratch(static_cast<std::size_t>(scale_words + words * (1 + ranks) + sums_words) * sizeof(std::int64_t),
-                  x.device, ctx);
-  std::int64_t* base = scratch.as<std::int64_t>();
-  std::int64_t* scales = nullptr;
-  if (exact) scales = agree_scales(comm, ranks, x, grad_y, mean, 2 * C, base, ctx);
-  std::int64_t* record = base + scale_words;
-  std::int64_t* gathered = record + words;
-  double* sums = reinterpret_cast<double*>(gathered + ranks * words);
-  local_backward(grad_y, x, mean, exact, scales, record, ctx);
-  std::int64_t my_row = 0;
-  if (ranks > 1) {
-    gather_words(*comm, record, words, gathered, x.device, ctx);
-    my_row = comm->rank();
-  } else {
-    gathered = record;
-  }
-  detail::SbnBackwardFinalizeArgs a{};
-  a.gathered = gathered;
-  a.ranks = ranks;
-  a.words = words;
-  a.channels = C;
-  a.rank = my_row;
-  a.exact = exact;
-  a.exponents = scales;
-  a.save_invstd = invstd;
-  a.sums = sums;
-  a.grad_weight = param_of(grad_weight);
-  a.grad_bias = param_of(grad_bias);
-  finalize_backward(a, x.device, ctx);
-  if (grad_x.defined()) backward_apply(grad_y, x, weight, mean, invstd, opts.training ? sums : nullptr, grad_x, ctx);
+  const double* mean = f64(save_mean);
+  const double* invstd = f64(save_invstd);
+  const Carved c = carve(plan, *scratch);
+  if (plan.exact) agree_scales(be, comm, plan, c, x, grad_y, mean, ctx);
+  be.local_backward({x, grad_y, mean, plan.exact, plan.exact ? c.scales : nullptr, c.record}, ctx, c.backend);
+  const bool gathered = plan.ranks > 1;
+  if (gathered) gather_words(*comm, c.record, plan.words, c.gathered, x.device, ctx);
+  be.finalize_backward(finalize_backward_args(gathered ? c.gathered : c.record, plan.ranks, plan.words, C,
+                                              gathered ? comm->rank() : 0, plan.exact, plan.exact ? c.scales : nullptr, invstd,
+                                              c.sums, grad_weight, grad_bias),
+                       x.device, ctx);
+  if (grad_x.defined())
+    be.backward_apply({grad_y, x, param_of(weight), mean, invstd, opts.training ? c.sums : nullptr, grad_x}, ctx,
+                      c.backend);
 }
 
 }  // namespace detops

@@ -73,7 +73,7 @@ Tensor emulate_forward(const Case& c, DType dt, Layout layout, bool channels_las
 /// The scatter body in thread order (k, c, ph, pw): per plane, the same order of adds as the
 /// CPU backend's per-channel loop, so the atomic and truncated results agree bit for bit.
 template <class T>
-Tensor emulate_scatter(const Case& c, DType dt, Layout layout, int narrow) {
+Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRounding rounding) {
   const auto& s = c.shape;
   Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
   detail::BackwardArgs<T> a{};
@@ -85,20 +85,21 @@ Tensor emulate_scatter(const Case& c, DType dt, Layout layout, int narrow) {
   a.shape = s;
   a.max_pool = c.opt.pool_mode == PoolMode::kMax;
   a.channels_last = false;
-  if (narrow == 0) {
+  if (rounding == detail::GradRounding::kNone) {
     std::fill(gi.data<T>(), gi.data<T>() + gi.numel(), from_acc<T>(acc_t<T>(0)));
     a.gi = st(gi);
     T* p = gi.data<T>();
     for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
-      detail::roi_align_backward_scatter_element<T, acc_t<T>>(i, a, 0, [p](std::int64_t off, acc_t<T> v) {
-        p[off] = from_double<T>(static_cast<double>(static_cast<acc_t<T>>(to_acc(p[off])) + v));
-      });
+      detail::roi_align_backward_scatter_element<T, acc_t<T>>(
+          i, a, detail::GradRounding::kNone, [p](std::int64_t off, acc_t<T> v) {
+            p[off] = from_double<T>(static_cast<double>(static_cast<acc_t<T>>(to_acc(p[off])) + v));
+          });
     return gi;
   }
   std::vector<double> buf(static_cast<std::size_t>(s.N * s.C * s.H * s.W), 0.0);
   a.gi = {s.C * s.H * s.W, s.H * s.W, s.W, 1};
   for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
-    detail::roi_align_backward_scatter_element<T, double>(i, a, narrow,
+    detail::roi_align_backward_scatter_element<T, double>(i, a, rounding,
                                                           [&buf](std::int64_t off, double v) { buf[off] += v; });
   test::fill_from(gi, std::vector<double>(buf.size()));  // zero, then exact values below
   const TensorView& v = gi.view();
@@ -201,8 +202,8 @@ void check_plane_groups(DType dt, PoolMode pool, std::int64_t sr) {
     roi_align_forward(c.input, c.rois, out, c.opt, {}, c.argmax);
   }
   const Tensor expected = emulate_forward<T>(c, dt, Layout::kNCHW, false);
-  const Tensor expected_atomic = emulate_scatter<T>(c, dt, Layout::kNCHW, 0);
-  const Tensor expected_truncated = emulate_scatter<T>(c, dt, Layout::kNCHW, 1);
+  const Tensor expected_atomic = emulate_scatter<T>(c, dt, Layout::kNCHW, detail::GradRounding::kNone);
+  const Tensor expected_truncated = emulate_scatter<T>(c, dt, Layout::kNCHW, detail::GradRounding::kFloat16);
   Tensor expected_am;
   for (int threads : {1, 2, 3}) {
     Context ctx;
@@ -258,7 +259,7 @@ void check_all(const Param& p) {
     if (mode == BackwardMode::kExact) {
       for (bool cl : {false, true}) EXPECT_TRUE(test::same_bytes(gi, emulate_exact<T>(c, dt, layout, cl))) << "exact";
     } else {
-      EXPECT_TRUE(test::same_bytes(gi, emulate_scatter<T>(c, dt, layout, mode == BackwardMode::kAtomic ? 0 : 1)))
+      EXPECT_TRUE(test::same_bytes(gi, emulate_scatter<T>(c, dt, layout, mode == BackwardMode::kAtomic ? detail::GradRounding::kNone : detail::GradRounding::kFloat16)))
           << to_string(mode);
     }
   }

@@ -7,9 +7,12 @@
 //     shapes with one partial chunk per image, many chunks, H*W = 1, and no element at all;
 //   - the phases: the local records (forward and backward) and the exact mode's exponents are
 //     the same int64 words on both;
-//   - the one-call path with every rank on a non-blocking stream of its own: the same bytes.
+//   - the one-call path with every rank on a non-blocking stream of its own: the same bytes;
+//   - the one-call path with caller workspaces of the queried sizes: the same bytes, no
+//     allocator call; a workspace one byte short is rejected.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -215,7 +218,32 @@ struct RunOut {
 /// Forward then backward over `ranks` ranks (1: communicator nullptr; otherwise a ThreadGroup,
 /// rank r taking images [N r / ranks, N (r + 1) / ranks)) on `dev`; with `own_streams` each rank
 /// runs on a non-blocking stream of its own (Context::cuda_stream), waited for at its end.
-RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts, bool own_streams = false) {
+/// Counts the allocations it forwards to the default allocator.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, Device device, void* stream) override {
+    ++count;
+    return default_allocator().allocate(bytes, device, stream);
+  }
+  void deallocate(void* ptr, std::size_t bytes, Device device, void* stream) override {
+    default_allocator().deallocate(ptr, bytes, device, stream);
+  }
+  std::atomic<int> count{0};
+};
+
+/// A workspace of `bytes` on `dev`, 8 bytes past the start of a device allocation.
+struct DeviceWorkspace {
+  Tensor storage;
+  Workspace ws;
+  DeviceWorkspace(std::size_t bytes, Device dev)
+      : storage(Tensor::empty({static_cast<std::int64_t>(bytes / 8 + 2)}, DType::kInt64, dev)),
+        ws{static_cast<unsigned char*>(storage.view().data) + 8, bytes} {}
+};
+
+/// With `caller_workspace`, the one-call directions get workspaces of the queried sizes and the
+/// allocator is expected never to be called.
+RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts, bool own_streams = false,
+           bool caller_workspace = false) {
   RunOut out;
   const Buf x = p.x.to(dev), gy = p.gy.to(dev);
   out.y = Buf::make(p.s, p.dt, p.lay, dev);
@@ -248,10 +276,21 @@ RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts, b
       ASSERT_TRUE(stream->ok()) << "cudaStreamCreateWithFlags failed";
       ctx.cuda_stream = stream->get();
     }
+    CountingAllocator counting;
+    std::optional<DeviceWorkspace> fw, bw;
+    if (caller_workspace) {
+      ctx.allocator = &counting;
+      fw.emplace(sync_batch_norm_forward_workspace_size(x.images(n0, n1), comm, opts), dev);
+      bw.emplace(sync_batch_norm_backward_workspace_size(x.images(n0, n1), out.gx.images(n0, n1), comm, opts), dev);
+    }
     sync_batch_norm_forward(x.images(n0, n1), params, out.y.images(n0, n1), r.save_mean, r.save_invstd, comm, opts,
-                            ctx);
+                            ctx, fw ? fw->ws : Workspace{});
     sync_batch_norm_backward(gy.images(n0, n1), x.images(n0, n1), weight, r.save_mean, r.save_invstd,
-                             out.gx.images(n0, n1), r.grad_weight, r.grad_bias, comm, opts, ctx);
+                             out.gx.images(n0, n1), r.grad_weight, r.grad_bias, comm, opts, ctx,
+                             bw ? bw->ws : Workspace{});
+    if (caller_workspace) {
+      EXPECT_EQ(counting.count.load(), 0) << "rank " << rank << ": the allocator was called despite a workspace";
+    }
     if (stream) {
       EXPECT_TRUE(stream->synchronize()) << "rank " << rank;
     }
@@ -398,6 +437,44 @@ TEST(SyncBnCudaStreams, NonBlockingStreamsGiveTheSameBits) {
             expect_same_run(run(p, Device::cpu(), ranks, opts), run(p, Device::cuda(0), ranks, opts, true));
           }
         }
+}
+
+// A caller workspace of the queried size (8 bytes off the allocation's alignment) replaces every
+// allocation of the one-call path, the backend's per-chunk partials included, with the same bits.
+TEST(SyncBnCudaWorkspace, CallerWorkspaceGivesTheSameBitsWithoutAllocating) {
+  DETOPS_REQUIRE_GPU();
+  std::uint64_t seed = 9000;
+  for (Lay lay : {Lay::kNchw, Lay::kNhwc})
+    for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact})
+      for (const Shape& s : {kShapes[0], kShapes[2], kShapes[3]}) {
+        seed += 10;
+        const Problem p = make_problem(s, DType::kFloat32, lay, seed);
+        for (int ranks : {1, 2, 3}) {
+          SCOPED_TRACE(::testing::Message() << lay_name(lay) << " " << (mode == SyncBnMode::kExact ? "exact" : "default")
+                                            << " [" << s.N << ", " << s.C << ", " << s.H << ", " << s.W << "], "
+                                            << ranks << " rank(s)");
+          SyncBnOptions opts;
+          opts.mode = mode;
+          expect_same_run(run(p, Device::cpu(), ranks, opts), run(p, Device::cuda(0), ranks, opts, false, true));
+        }
+      }
+}
+
+TEST(SyncBnCudaWorkspace, TooSmallWorkspaceIsRejected) {
+  DETOPS_REQUIRE_GPU();
+  const Device dev = Device::cuda(0);
+  const Problem p = make_problem(kShapes[0], DType::kFloat32, Lay::kNchw, 9500);
+  const Buf x = p.x.to(dev), y = Buf::make(p.s, p.dt, p.lay, dev);
+  const Tensor mean = Tensor::zeros({p.s.C}, DType::kFloat64, dev), invstd = Tensor::zeros({p.s.C}, DType::kFloat64, dev);
+  const std::size_t need = sync_batch_norm_forward_workspace_size(x.view);
+  DeviceWorkspace small(need - 1, dev);
+  try {
+    sync_batch_norm_forward(x.view, SyncBnParams{}, y.view, mean, invstd, nullptr, {}, {}, small.ws);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("sync_batch_norm_forward_workspace_size"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SyncBnCuda,

@@ -9,9 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,9 +122,45 @@ TensorView slice(const TensorView& v, std::int64_t n0, std::int64_t n1) {
   return s;
 }
 
+/// Where the one-call path's scratch comes from.
+enum class Scratch {
+  kAllocator,        ///< ctx.allocator (the default one)
+  kCallerWorkspace,  ///< a caller Workspace of exactly the queried size, 8 bytes past a 256-byte boundary
+  kOffsetAllocator,  ///< an allocator whose blocks start 8 bytes past a 256-byte boundary
+};
+
+/// Hands out blocks 8 bytes past a 256-byte boundary (the alignment finding: the carved records
+/// need more than the allocator promises) and counts them.
+class OffsetAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, Device, void*) override {
+    auto* p = static_cast<unsigned char*>(::operator new(bytes + 264, std::align_val_t{256}));
+    ++count;
+    return p + 8;
+  }
+  void deallocate(void* ptr, std::size_t, Device, void*) override {
+    ::operator delete(static_cast<unsigned char*>(ptr) - 8, std::align_val_t{256});
+  }
+  std::atomic<int> count{0};
+};
+
+/// A caller workspace of `bytes`, starting 8 bytes past a 256-byte boundary.
+struct CallerWorkspace {
+  std::vector<unsigned char> storage;
+  Workspace ws;
+  explicit CallerWorkspace(std::size_t bytes) : storage(bytes + 512) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+    ws = {storage.data() + (256 - addr % 256) % 256 + 8, bytes};
+  }
+};
+
 /// Forward + backward on images [n0, n1) of `in` over comm.
 Result run(const Problem& p, const Inputs& in, std::int64_t n0, std::int64_t n1, Communicator* comm,
-           const SyncBnOptions& o, const Context& ctx = {}, DType param_dtype = DType::kFloat32) {
+           const SyncBnOptions& o, const Context& ctx_in = {}, DType param_dtype = DType::kFloat32,
+           Scratch scratch = Scratch::kAllocator) {
+  Context ctx = ctx_in;
+  OffsetAllocator offset_allocator;
+  if (scratch == Scratch::kOffsetAllocator) ctx.allocator = &offset_allocator;
   const TensorView xs = slice(in.x, n0, n1), dys = slice(in.dy, n0, n1);
   Result r;
   const Layout layout = in.x.view().layout();
@@ -137,14 +175,22 @@ Result run(const Problem& p, const Inputs& in, std::int64_t n0, std::int64_t n1,
   r.nbt = Tensor::zeros({1}, DType::kInt64);
   const Tensor w = make_tensor({p.C}, param_dtype, p.weight), b = make_tensor({p.C}, param_dtype, p.bias);
   SyncBnParams params{w, b, r.rm, r.rv, r.nbt};
+  if (scratch == Scratch::kCallerWorkspace) {
+    CallerWorkspace fw(sync_batch_norm_forward_workspace_size(xs, comm, o));
+    sync_batch_norm_forward(xs, params, r.y, r.mean, r.invstd, comm, o, ctx, fw.ws);
+    CallerWorkspace bw(sync_batch_norm_backward_workspace_size(xs, r.dx, comm, o));
+    sync_batch_norm_backward(dys, xs, w, r.mean, r.invstd, r.dx, r.dw, r.db, comm, o, ctx, bw.ws);
+    return r;
+  }
   sync_batch_norm_forward(xs, params, r.y, r.mean, r.invstd, comm, o, ctx);
   sync_batch_norm_backward(dys, xs, w, r.mean, r.invstd, r.dx, r.dw, r.db, comm, o, ctx);
+  if (scratch == Scratch::kOffsetAllocator) EXPECT_GT(offset_allocator.count.load(), 0);
   return r;
 }
 
 /// Runs `ranks` threads of a ThreadGroup, rank r on images [split[r], split[r + 1]).
 std::vector<Result> run_group(const Problem& p, const Inputs& in, const std::vector<std::int64_t>& split,
-                              const SyncBnOptions& o) {
+                              const SyncBnOptions& o, Scratch scratch = Scratch::kAllocator) {
   const int ranks = static_cast<int>(split.size()) - 1;
   ThreadGroup group(ranks, std::chrono::seconds(30));
   std::vector<Result> out(static_cast<std::size_t>(ranks));
@@ -157,7 +203,8 @@ std::vector<Result> run_group(const Problem& p, const Inputs& in, const std::vec
         Context ctx;
         ctx.num_threads = 1;
         out[static_cast<std::size_t>(r)] =
-            run(p, in, split[static_cast<std::size_t>(r)], split[static_cast<std::size_t>(r) + 1], comm.get(), o, ctx);
+            run(p, in, split[static_cast<std::size_t>(r)], split[static_cast<std::size_t>(r) + 1], comm.get(), o, ctx,
+                DType::kFloat32, scratch);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
         group.abort("a rank failed");
@@ -1238,6 +1285,124 @@ TEST(SyncBnRanks, ThreadGroupGathersInRankOrderRepeatedly) {
     }
   });
   for (const auto& e : res) EXPECT_EQ(e.first, -1) << e.second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace: validate -> workspace size -> run
+
+bool same_result(const Result& a, const Result& b) {
+  return same_bytes(a.y, b.y) && same_bytes(a.mean, b.mean) && same_bytes(a.invstd, b.invstd) &&
+         same_bytes(a.dx, b.dx) && same_bytes(a.dw, b.dw) && same_bytes(a.db, b.db) && same_bytes(a.rm, b.rm) &&
+         same_bytes(a.rv, b.rv) && same_bytes(a.nbt, b.nbt);
+}
+
+TEST(SyncBnWorkspace, CallerWorkspaceAndUnalignedAllocatorGiveTheAllocatorsBits) {
+  const Problem p = make_problem(5, 6, 7, 9, 41);
+  for (const Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+    const Inputs in(p, DType::kFloat32, layout);
+    for (const SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+      SyncBnOptions o;
+      o.mode = mode;
+      for (const std::vector<std::int64_t>& split :
+           {std::vector<std::int64_t>{0, 5}, std::vector<std::int64_t>{0, 2, 5}, std::vector<std::int64_t>{0, 1, 1, 5}}) {
+        const auto want = run_group(p, in, split, o);
+        for (const Scratch scratch : {Scratch::kCallerWorkspace, Scratch::kOffsetAllocator}) {
+          const auto got = run_group(p, in, split, o, scratch);
+          for (std::size_t r = 0; r < want.size(); ++r)
+            EXPECT_TRUE(same_result(got[r], want[r]))
+                << "ranks " << want.size() << " rank " << r << " mode " << static_cast<int>(mode) << " scratch "
+                << static_cast<int>(scratch);
+        }
+      }
+    }
+  }
+}
+
+TEST(SyncBnWorkspace, SizeCoversTheRecordsOfEveryRank) {
+  const Tensor x = Tensor::zeros({2, 8, 3, 3}, DType::kFloat32), dx = Tensor::zeros({2, 8, 3, 3}, DType::kFloat32);
+  SyncBnOptions exact;
+  exact.mode = SyncBnMode::kExact;
+  ThreadGroup group(3, std::chrono::seconds(5));
+  auto comm = group.communicator(0);
+  const std::size_t one = sync_batch_norm_forward_workspace_size(x), three = sync_batch_norm_forward_workspace_size(x, comm.get());
+  EXPECT_GE(one, static_cast<std::size_t>(sync_batch_norm_record_words(8, SyncBnMode::kDefault)) * 8);
+  EXPECT_GT(three, one);
+  EXPECT_GT(sync_batch_norm_forward_workspace_size(x, nullptr, exact), one);
+  SyncBnOptions eval;
+  eval.training = false;
+  EXPECT_EQ(sync_batch_norm_forward_workspace_size(x, comm.get(), eval), 0u);
+  EXPECT_GT(sync_batch_norm_backward_workspace_size(x), 0u);  // the sums
+  EXPECT_GT(sync_batch_norm_backward_workspace_size(x, dx, comm.get()), sync_batch_norm_backward_workspace_size(x));
+  try {
+    sync_batch_norm_forward_workspace_size(Tensor::zeros({2, 8, 3, 3}, DType::kInt32));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sync_batch_norm_forward_workspace_size: x has dtype int32"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SyncBnWorkspace, TooSmallOrOverlappingWorkspaceIsRejectedBeforeAnythingIsWritten) {
+  Layer l(3);
+  const std::size_t fw = sync_batch_norm_forward_workspace_size(l.x);
+  const Tensor dx = Tensor::zeros({2, 3, 3, 3}, DType::kFloat32);
+  const std::size_t bw = sync_batch_norm_backward_workspace_size(l.x, dx);
+  CallerWorkspace small(fw - 1), small_b(bw - 1);
+  auto expect_bad = [](const std::function<void()>& f, const std::vector<const char*>& what) {
+    try {
+      f();
+      ADD_FAILURE() << what[0] << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      for (const char* w : what) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+  };
+  l.y.fill_bytes(0xAB);
+  expect_bad([&] { sync_batch_norm_forward(l.x, {l.w, l.b, {}, {}, {}}, l.y, l.mean, l.invstd, nullptr, {}, {}, small.ws); },
+             {"sync_batch_norm_forward: workspace has", "sync_batch_norm_forward_workspace_size"});
+  for (std::size_t i = 0; i < l.y.nbytes(); ++i) ASSERT_EQ(static_cast<const unsigned char*>(l.y.view().data)[i], 0xAB);
+  l.forward(nullptr);
+  expect_bad([&] { sync_batch_norm_backward(l.y, l.x, l.w, l.mean, l.invstd, dx, {}, {}, nullptr, {}, {}, small_b.ws); },
+             {"sync_batch_norm_backward: workspace has", "sync_batch_norm_backward_workspace_size"});
+  // a workspace over y (forward) or grad_x (backward): as big as asked, but not disjoint
+  const Tensor big = Tensor::zeros({static_cast<std::int64_t>((fw + bw) / 8 + 64)}, DType::kInt64);
+  TensorView y_in_big = l.y.view();
+  y_in_big.data = big.view().data;
+  expect_bad([&] {
+    sync_batch_norm_forward(l.x, {l.w, l.b, {}, {}, {}}, y_in_big, l.mean, l.invstd, nullptr, {}, {},
+                            Workspace{big.view().data, fw});
+  }, {"workspace", "overlaps y"});
+  TensorView dx_in_big = dx.view();
+  dx_in_big.data = big.view().data;
+  expect_bad([&] {
+    sync_batch_norm_backward(l.y, l.x, l.w, l.mean, l.invstd, dx_in_big, {}, {}, nullptr, {}, {},
+                             Workspace{static_cast<unsigned char*>(big.view().data) + 8, bw});
+  }, {"workspace", "overlaps grad_x"});
+}
+
+TEST(SyncBnWorkspace, ABadWorkspaceOnOneRankMakesEveryRankRaise) {
+  auto res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) {
+    Layer l(4);
+    CallerWorkspace ws(r == 1 ? 16 : sync_batch_norm_forward_workspace_size(l.x, c));
+    sync_batch_norm_forward(l.x, {l.w, l.b, {}, {}, {}}, l.y, l.mean, l.invstd, c, {}, {}, ws.ws);
+  });
+  EXPECT_EQ(res[1].first, static_cast<int>(ErrorCode::kInvalidArgument)) << res[1].second;
+  EXPECT_NE(res[1].second.find("workspace has 16 bytes"), std::string::npos) << res[1].second;
+  EXPECT_EQ(res[0].first, static_cast<int>(ErrorCode::kCommunication)) << res[0].second;
+}
+
+TEST(SyncBnRanks, DisagreementNamesTheOptionalTensors) {
+  auto res = on_group(2, std::chrono::seconds(20), [](int r, Communicator* c) {
+    Layer l(4);
+    sync_batch_norm_forward(l.x, SyncBnParams{r ? TensorView{} : l.w.view(), r ? TensorView{} : l.b.view(), {}, {}, {}},
+                            l.y, l.mean, l.invstd, c);
+  });
+  for (const auto& e : res) {
+    EXPECT_EQ(e.first, static_cast<int>(ErrorCode::kCommunication)) << e.second;
+    EXPECT_NE(e.second.find("weight/bias given"), std::string::npos) << e.second;
+    EXPECT_NE(e.second.find("weight/bias absent"), std::string::npos) << e.second;
+    EXPECT_EQ(e.second.find("+a"), std::string::npos) << e.second;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ const char* cpu_isa_name(CpuIsa isa);
 CpuIsa cpu_isa_supported();
 
 struct Context {
-  /// CPU worker threads; 0 = std::thread::hardware_concurrency().
+  /// CPU worker threads; 0 = std::thread::hardware_concurrency(). A negative value is an error
+  /// (see resolved_threads()).
   int num_threads = 0;
   /// cudaStream_t to enqueue CUDA work on; nullptr = the legacy default stream. detops never
   /// synchronizes the device; see each op for the calls that wait on this stream.
@@ -63,7 +64,9 @@ struct Context {
   /// tests; the results do not depend on it.
   CpuIsa cpu_isa = CpuIsa::kAuto;
 
-  /// Thread count this context resolves to (>= 1).
+  /// Thread count this context resolves to (>= 1). Throws Error (kInvalidArgument) when
+  /// num_threads is negative. CPU ops call it when they resolve their thread
+  /// count (CUDA ops never read num_threads).
   int resolved_threads() const;
   /// The instruction set the CPU kernels will use: min(cpu_isa, cpu_isa_supported()).
   CpuIsa resolved_cpu_isa() const;

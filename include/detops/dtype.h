@@ -78,8 +78,8 @@ DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 //     and the bits above those of 0.5f count the multiples (2^-14 - tiny rounds up to 0x400, the
 //     smallest normal half, which is the correct result). That addition rounds in the current
 //     rounding mode, which must be the default round-to-nearest, as for all of detops' host
-//     arithmetic (a mode-independent formulation, by truncation and the fraction, measured 7x
-//     slower: GCC no longer vectorized the loops storing half from double).
+//     arithmetic (a mode-independent formulation, by truncation and the fraction, kept GCC from
+//     vectorizing the loops storing half from double).
 DETOPS_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;

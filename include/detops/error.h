@@ -1,4 +1,4 @@
-// detops::Error, the one exception type of the library, and the checking macros that raise it.
+// detops::Error, the one exception type of the library, and its ErrorCode.
 // Messages name the op, the argument, what was expected and what was given, e.g.
 //   "roi_align_forward: rois[3] has batch index 2.5; expected an integer in [0, 2)".
 #pragma once

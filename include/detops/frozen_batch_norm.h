@@ -39,7 +39,8 @@ struct BatchNormState {
 /// Folds `state` into `scale` and `shift` ([C], float32 or float64, any device). The four buffers
 /// share one floating dtype and device. Errors: sizes that differ, a negative or NaN running_var,
 /// running_var + eps == 0 (a division by zero), eps negative or not finite, dtypes or devices
-/// that do not match. A one-time conversion: buffers on a GPU are read after waiting for
+/// that do not match. running_var = +inf is accepted, as torchvision does: the channel's scale is
+/// 0 and its shift the bias, so it outputs the bias (NaN where x is inf or NaN). A one-time conversion: buffers on a GPU are read after waiting for
 /// ctx.cuda_stream, folded on the host, and written back synchronously.
 void frozen_batch_norm_fold(const BatchNormState& state, const TensorView& scale, const TensorView& shift,
                             const Context& ctx = {});

@@ -38,12 +38,22 @@
 //             checks its own count, the rank-agreement header the total (every rank raises
 //             kInvalidArgument); without the header (check_ranks off, hand-driven phases) a total
 //             past the limit gives NaN statistics and updates nothing.
+//             Accuracy: the grid follows max|x|, not the spread, so statistics and gradients
+//             carry a relative error of about 2^-44 max|x| / sigma (sigma = sqrt(var + eps);
+//             the mean's is at most that, in units of sigma; measured 0.03-0.25 of it for
+//             every output), about 500x kDefault's 2^-53 max|x| / sigma. float32 inputs lose
+//             nothing at any mean/spread ratio (stored values within 2^21 of max|x| lie on the
+//             grid): the same errors as kDefault. float64 inputs: below 1e-9 while
+//             max|x| / sigma < ~5e5, below float32 rounding (6e-8) while < ~2e7; 3e-7 at
+//             mean/spread 1e8, 3e-6 at 1e9. Past that, use kDefault or center the data
+//             (tests/sync_batch_norm_accuracy_test.cpp; benchmarks/results/sync-bn-exact-accuracy-*).
 // Every dtype (float32, float64, float16, bfloat16) computes in float64 and rounds once to the
 // stored type. Shapes: x, y, grad_* are [N, C, H, W], NCHW, NHWC or any strides.
 // Errors are detops::Error, raised before anything is written, on every rank when
 // opts.check_ranks (see sync_batch_norm_forward).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -91,19 +101,37 @@ struct SyncBnParams {
 /// detops collective calls; with opts.check_ranks a disagreement raises on every rank.
 /// CUDA: work is ordered on ctx.cuda_stream; engines that do not take device memory (threads,
 /// MPI) are staged through the host, which waits on the stream.
+/// `workspace`: caller-provided scratch of at least sync_batch_norm_forward_workspace_size() bytes
+/// (any alignment), sharing no byte with the call's tensors, on x's device; absent (the default):
+/// the scratch comes from ctx.allocator. A workspace too small or overlapping a tensor raises
+/// kInvalidArgument (on every rank, as the other argument checks).
 void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, const TensorView& y,
                              const TensorView& save_mean, const TensorView& save_invstd, Communicator* comm = nullptr,
-                             const SyncBnOptions& opts = {}, const Context& ctx = {});
+                             const SyncBnOptions& opts = {}, const Context& ctx = {}, Workspace workspace = {});
+
+/// Bytes of workspace sync_batch_norm_forward needs for x (its sizes, dtype and device), the
+/// communicator (nullptr: one rank; its size counts in training) and opts (training and mode):
+/// records of every rank and, on CUDA, the per-chunk partials; 0 in evaluation mode. The lifecycle
+/// of every op with scratch: validate -> workspace size -> run.
+std::size_t sync_batch_norm_forward_workspace_size(const TensorView& x, const Communicator* comm = nullptr,
+                                                   const SyncBnOptions& opts = {});
 
 /// Backward from the forward's save_mean and save_invstd. grad_x (optional: absent skips it and
 /// the collective) uses the global sums over comm; grad_weight and grad_bias (optional, [C],
 /// float32 or float64; grad_weight needs weight) are this rank's local contributions. In
 /// evaluation mode (opts.training = false) the statistics are constants: grad_x = grad_y * weight
-/// * invstd, with no communication. grad_x may be grad_y (in place).
+/// * invstd, with no communication. grad_x may be grad_y (in place). `workspace`: as the
+/// forward's, of at least sync_batch_norm_backward_workspace_size() bytes.
 void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, const TensorView& weight,
                               const TensorView& save_mean, const TensorView& save_invstd, const TensorView& grad_x,
                               const TensorView& grad_weight, const TensorView& grad_bias, Communicator* comm = nullptr,
-                              const SyncBnOptions& opts = {}, const Context& ctx = {});
+                              const SyncBnOptions& opts = {}, const Context& ctx = {}, Workspace workspace = {});
+
+/// Bytes of workspace sync_batch_norm_backward needs for x, grad_x (absent: not computed, which
+/// needs no collective), the communicator and opts. Never 0: the sums live in it.
+std::size_t sync_batch_norm_backward_workspace_size(const TensorView& x, const TensorView& grad_x = {},
+                                                    const Communicator* comm = nullptr,
+                                                    const SyncBnOptions& opts = {});
 
 // ---------------------------------------------------------------------------------------------
 // The phases. Records are int64 tensors on x's device; gathered records are [ranks, words],

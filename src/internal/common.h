@@ -24,6 +24,10 @@ template <class... Args>
   throw Error(code, fmt::format(f, std::forward<Args>(args)...));
 }
 
+/// Channels innermost in memory: a 4-d [N, C, H, W] view whose channel stride is 1 (and C > 1),
+/// the test every backend uses to pick its channels-last walk (TensorView::layout() agrees).
+inline bool channels_innermost(const TensorView& v) { return v.rank == 4 && v.strides[1] == 1 && v.sizes[1] > 1; }
+
 /// Calls f(T{}) with T the C++ type of a floating dtype.
 template <class F>
 decltype(auto) dispatch_floating(DType t, F&& f) {

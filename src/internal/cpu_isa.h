@@ -1,21 +1,23 @@
 // CPU instruction-set variants of a kernel file, chosen at run time (Context::cpu_isa).
 //
-// A kernel file (an .inc of templates and functions, no #includes) is included once per variant,
-// each time inside its own namespace, the wider variants between DETOPS_ISA_BEGIN_* and
-// DETOPS_ISA_END. Those pragmas give every function *declared* in the region the target's
-// instruction set (lambdas included), so:
+// A kernel file (src/cpu/<op>_cpu_kernels.inc: templates and functions, no #includes) is compiled
+// once per variant by src/cpu/cpu_variants.inc, each time inside its own namespace, the wider
+// variants between DETOPS_ISA_BEGIN(...) and DETOPS_ISA_END. Those pragmas give every function
+// *declared* in the region the target's instruction set (lambdas included), so:
 //   * the variant's own code (internal linkage: keep it in an unnamed namespace) is vectorized
 //     for the set;
 //   * functions and templates declared before the region (the standard library, detail::
-//     math, common.h) keep the build's baseline set, wherever they are instantiated: a COMDAT
-//     copy the linker may pick for another translation unit never holds AVX instructions (the
-//     trap of compiling a whole file twice with -mavx2). tests/isa_odr_check.cmake checks it on
-//     the object file: no symbol outside the variants' namespaces may use ymm/zmm registers.
+//     math, common.h, the kernel file's interface header) keep the build's baseline set, wherever
+//     they are instantiated: a COMDAT copy the linker may pick for another translation unit never
+//     holds AVX instructions (the trap of compiling a whole file twice with -mavx2). The ctest
+//     detops_isa_symbols (scripts/check_isa_symbols.py) checks it on the object files: no symbol
+//     with external or COMDAT linkage may use ymm/zmm registers;
 //   * baseline helpers called from a variant are inlined into it (a subset target inlines into a
 //     wider one), so the shared math of detops/detail/ is vectorized there too.
 // The sets exclude FMA and the build has -ffp-contract=off: a variant evaluates the same IEEE
 // operations in the same order as the baseline, so it gives the same bits (only the vector width
-// changes); tests/cpu_isa_test.cpp compares every variant with the baseline bit for bit.
+// changes); the tests *.InstructionSetVariantsGiveTheSameBits compare every variant with the
+// baseline bit for bit.
 #pragma once
 
 #include "detops/context.h"

@@ -1,6 +1,6 @@
 // What the RoIAlign entry points hand to a backend after validation: the views, the scalar
-// shape, and what the roi check learned. Shared by src/roi_align_cpu.cpp and
-// cuda/roi_align_cuda.cu.
+// shape, and what the roi check learned; and the backend table. Shared by
+// src/cpu/roi_align_cpu.cpp and cuda/roi_align_cuda.cu.
 #pragma once
 
 #include <cstddef>
@@ -40,9 +40,9 @@ inline detail::Strides4 strides4(const TensorView& v) {
   return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]};
 }
 inline detail::RoiSource roi_source(const TensorView& r) { return {r.data, r.dtype, r.strides[0], r.strides[1]}; }
-inline bool channels_last_order(const TensorView& v) { return v.strides[1] == 1 && v.sizes[1] > 1; }
-inline int narrow_code(const RoiAlignBackwardOptions& b) {
-  return b.mode != BackwardMode::kTruncated ? 0 : (b.truncation == TruncationFormat::kFloat16 ? 1 : 2);
+inline detail::GradRounding grad_rounding(const RoiAlignBackwardOptions& b) {
+  if (b.mode != BackwardMode::kTruncated) return detail::GradRounding::kNone;
+  return b.truncation == TruncationFormat::kFloat16 ? detail::GradRounding::kFloat16 : detail::GradRounding::kBFloat16;
 }
 
 /// Slots the exact mode enumerates: 4 per sample. Known without reading rois for a fixed
@@ -99,19 +99,21 @@ detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::E
   return ga;
 }
 
-// CPU backend (src/roi_align_cpu.cpp)
-RoiCheck roi_align_check_rois_cpu(const RoiAlignCall& call, bool need_total);
-void roi_align_forward_cpu(const RoiAlignCall& call, const Context& ctx);
-std::size_t roi_align_backward_workspace_cpu(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode);
-void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
-                            const Context& ctx, Workspace ws);
-
-// CUDA backend (cuda/roi_align_cuda.cu, or src/cuda_stub.cpp)
-RoiCheck roi_align_check_rois_cuda(const RoiAlignCall& call, bool validate, bool need_total, const Context& ctx);
-void roi_align_forward_cuda(const RoiAlignCall& call, const Context& ctx);
-std::size_t roi_align_backward_workspace_cuda(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode);
-void roi_align_backward_cuda(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
-                             const Context& ctx, Workspace ws);
+/// A RoIAlign backend: one table per device (internal/backend.h), defined at the bottom of
+/// src/cpu/roi_align_cpu.cpp and cuda/roi_align_cuda.cu.
+struct RoiAlignBackend {
+  /// Checks every roi row (the first invalid one with its status) and, with need_total, totals
+  /// the samples (exact mode with adaptive sampling). CUDA: one wait on ctx.cuda_stream.
+  RoiCheck (*check_rois)(const RoiAlignCall& call, bool need_total, const Context& ctx);
+  void (*forward)(const RoiAlignCall& call, const Context& ctx);
+  /// Bytes of the backward's WorkspaceLayout (without the alignment slack) for `mode`.
+  std::size_t (*backward_workspace)(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode);
+  /// The backward into call.features (grad_input); ws is the layout's memory, kWorkspaceAlign-aligned.
+  void (*backward)(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
+                   const Context& ctx, Workspace ws);
+};
+extern const RoiAlignBackend kRoiAlignCpu;
+extern const RoiAlignBackend kRoiAlignCuda;
 
 }  // namespace internal
 }  // namespace detops

@@ -2,9 +2,11 @@
 // with "<op>: <argument> <what was given>; expected <what>".
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "detops/tensor.h"
+#include "internal/scratch.h"
 
 namespace detops {
 namespace internal {
@@ -20,6 +22,15 @@ void check_same_device(const char* op, const char* name, const TensorView& v, co
 /// `out` either is `in` exactly (same data and strides: an in-place call) or shares no byte with it.
 void check_no_partial_overlap(const char* op, const char* out_name, const TensorView& out, const char* in_name,
                               const TensorView& in, bool allow_in_place);
+
+/// A floating dtype (float32, float64, float16, bfloat16).
+void check_floating(const char* op, const char* name, const TensorView& v);
+/// `v` has the rank, sizes, dtype and device of `ref` (an x-like argument).
+void check_like(const char* op, const char* name, const TensorView& v, const char* ref_name, const TensorView& ref);
+/// `out` shares no byte with any defined view of `others` (not even as an exact alias).
+void check_disjoint(const char* op, NamedView out, std::initializer_list<NamedView> others);
+/// Outputs written together: each non-overlapping in itself, and no two sharing a byte.
+void check_outputs(const char* op, std::initializer_list<NamedView> outputs);
 
 }  // namespace internal
 }  // namespace detops

@@ -178,18 +178,21 @@ struct BackwardArgs {
   bool channels_last;
 };
 
-/// Rounds an incoming gradient as kTruncated prescribes (narrow = 1: float16, 2: bfloat16),
-/// or leaves it (narrow = 0).
-DETOPS_HOST_DEVICE inline double truncate_gradient(double g, int narrow) {
-  if (narrow == 1) return static_cast<float>(from_double<Half>(g));
-  if (narrow == 2) return static_cast<float>(from_double<BFloat16>(g));
+/// How the backward rounds each incoming gradient before scattering it: not at all (kAtomic), or
+/// to float16 / bfloat16 (kTruncated with its TruncationFormat).
+enum class GradRounding : int { kNone = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+/// Rounds an incoming gradient as `r` prescribes.
+DETOPS_HOST_DEVICE inline double truncate_gradient(double g, GradRounding r) {
+  if (r == GradRounding::kFloat16) return static_cast<float>(from_double<Half>(g));
+  if (r == GradRounding::kBFloat16) return static_cast<float>(from_double<BFloat16>(g));
   return g;
 }
 
 /// V is the type contributions are computed in: acc_t<T> for kAtomic, double for kTruncated.
 template <class T, class V, class Add>
 DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i, const BackwardArgs<T>& a,
-                                                                  int narrow, Add&& add) {
+                                                                  GradRounding rounding, Add&& add) {
   using A = acc_t<T>;
   const RoiAlignShape& s = a.shape;
   const BinIndex bi = split_bin_index(i, s.C, s.PH, s.PW, a.channels_last);
@@ -197,7 +200,7 @@ DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i
   if (box.batch < 0) return;
   const A g_acc = to_acc(a.grad_output[bi.k * a.go.s0 + bi.c * a.go.s1 + bi.ph * a.go.s2 + bi.pw * a.go.s3]);
   V g;
-  if (narrow != 0) g = static_cast<V>(truncate_gradient(static_cast<double>(g_acc), narrow));
+  if (rounding != GradRounding::kNone) g = static_cast<V>(truncate_gradient(static_cast<double>(g_acc), rounding));
   else g = static_cast<V>(g_acc);
   const std::int64_t base = box.batch * a.gi.s0 + bi.c * a.gi.s1;
   auto scatter = [&](const Bilinear<A>& b, V scale_num, V scale_den) {

@@ -16,175 +16,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "internal/common.h"
-#include "internal/cpu_isa.h"
-#include "internal/half_convert.h"
-#include "internal/roi_align_backend.h"
+#include "cpu/roi_align_cpu.h"  // also the interface of roi_align_cpu_kernels.inc
 
 namespace detops {
 namespace internal {
 
-using detail::Bilinear;
-using detail::RoiBox;
-using detail::RoiStatus;
+#define DETOPS_CPU_KERNELS_FILE "roi_align_cpu_kernels.inc"
+#include "cpu/cpu_variants.inc"
 
 namespace {
-
-/// One bilinear sample: the offset of its (y_low, x_low) corner (plane strides applied), whether
-/// the other corners are one column / one row further (else the same: the clamped last column or
-/// row), and the four weights. 32 bytes for float (the tables are streamed once per plane group).
-template <class A>
-struct Sample {
-  std::int64_t o1;
-  A w1, w2, w3, w4;
-  std::int32_t index;  // iy * grid_w + ix
-  bool valid, step_x, step_y;
-};
-
-/// The four corner offsets of a sample in a plane with row stride sh and column stride sw.
-struct Corners {
-  std::int64_t o1, o2, o3, o4;
-};
-template <class A>
-inline Corners corners(const Sample<A>& p, std::int64_t sh, std::int64_t sw) {
-  const std::int64_t dx = p.step_x ? sw : 0, dy = p.step_y ? sh : 0;
-  return {p.o1, p.o1 + dx, p.o1 + dy, p.o1 + dy + dx};
-}
-
-/// Every sample of one roi, grouped by bin: bin b owns samples [b * per_bin, (b + 1) * per_bin).
-template <class A>
-struct RoiTable {
-  RoiBox<A> box;
-  std::int64_t per_bin = 0;
-  std::vector<Sample<A>> samples;
-};
-
-/// Number of samples in a roi's table (0 for an invalid row).
-template <class A>
-std::int64_t table_size(const RoiBox<A>& box, const detail::RoiAlignShape& s) {
-  return box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
-}
-
-/// Writes the table_size(box, s) samples of one roi, bin by bin, to `out`.
-template <class A>
-void fill_roi_samples(const RoiBox<A>& box, const detail::RoiAlignShape& s, std::int64_t sh, std::int64_t sw,
-                      Sample<A>* out) {
-  if (box.batch < 0) return;
-  std::size_t i = 0;
-  for (std::int64_t ph = 0; ph < s.PH; ++ph)
-    for (std::int64_t pw = 0; pw < s.PW; ++pw)
-      for (std::int64_t iy = 0; iy < box.grid_h; ++iy) {
-        const A y = detail::sample_coord(box.start_h, box.bin_h, ph, iy, box.grid_h);
-        for (std::int64_t ix = 0; ix < box.grid_w; ++ix, ++i) {
-          const A x = detail::sample_coord(box.start_w, box.bin_w, pw, ix, box.grid_w);
-          const Bilinear<A> b = detail::bilinear(y, x, s.H, s.W);
-          Sample<A>& q = out[i];  // every field written: tables are not zero-initialized
-          q.valid = b.valid;
-          q.index = static_cast<std::int32_t>(iy * box.grid_w + ix);
-          q.o1 = b.valid ? b.y_low * sh + b.x_low * sw : 0;
-          q.step_x = b.valid && b.x_high != b.x_low;
-          q.step_y = b.valid && b.y_high != b.y_low;
-          q.w1 = b.valid ? b.w1 : A(0);
-          q.w2 = b.valid ? b.w2 : A(0);
-          q.w3 = b.valid ? b.w3 : A(0);
-          q.w4 = b.valid ? b.w4 : A(0);
-        }
-      }
-}
-
-template <class A>
-void build_roi_table(const detail::RoiSource& rois, std::int64_t k, const detail::RoiAlignShape& s, std::int64_t sh,
-                     std::int64_t sw, RoiTable<A>& t) {
-  t.box = detail::load_roi_box<A>(rois, k, s);
-  t.per_bin = t.box.grid_h * t.box.grid_w;
-  t.samples.resize(static_cast<std::size_t>(table_size(t.box, s)));
-  fill_roi_samples(t.box, s, sh, sw, t.samples.data());
-}
-
-// ---------------------------------------------------------------------------------------------
-// Forward
-
-/// Output location of one roi: where its pooled values (and argmax) go.
-template <class T>
-struct PooledRoi {
-  T* out;
-  std::int32_t* argmax;  // nullptr for avg pooling
-};
-
-/// The views of one forward call, as the loops use them.
-template <class T>
-struct ForwardViews {
-  const detail::RoiAlignShape& s;
-  detail::Strides4 in, os, as;  // input, output, argmax strides
-  const T* input;
-  detail::RoiSource rois;
-  T* output;
-  std::int32_t* argmax;  // nullptr for avg pooling
-
-  explicit ForwardViews(const RoiAlignCall& call)
-      : s(call.shape),
-        in(strides4(call.features)),
-        os(strides4(call.pooled)),
-        as(call.max_pool ? strides4(call.argmax) : detail::Strides4{0, 0, 0, 0}),
-        input(static_cast<const T*>(call.features.data)),
-        rois(roi_source(call.rois)),
-        output(static_cast<T*>(call.pooled.data)),
-        argmax(call.max_pool ? static_cast<std::int32_t*>(call.argmax.data) : nullptr) {}
-  PooledRoi<T> pooled(std::int64_t k) const { return {output + k * os.s0, argmax ? argmax + k * as.s0 : nullptr}; }
-};
-
-/// Writes 0 (argmax -1) to every output of an invalid roi row (only reachable with check_rois = false).
-template <class T>
-void pool_invalid_roi(const detail::RoiAlignShape& s, const detail::Strides4& os, const detail::Strides4& as,
-                      PooledRoi<T> r) {
-  for (std::int64_t c = 0; c < s.C; ++c)
-    for (std::int64_t ph = 0; ph < s.PH; ++ph)
-      for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-        r.out[c * os.s1 + ph * os.s2 + pw * os.s3] = from_acc<T>(acc_t<T>(0));
-        if (r.argmax) r.argmax[c * as.s1 + ph * as.s2 + pw * as.s3] = -1;
-      }
-}
-
-/// A variant's entry points (roi_align_cpu_kernels.inc).
-struct RoiCpuKernels {
-  void (*forward_channels_last)(const RoiAlignCall& call, const Context& ctx);
-  /// Phase 3 of the exact backward with channels innermost: ga is the detail::GatherArgs<T> of
-  /// the dtype.
-  void (*exact_runs_channels_last)(DType dtype, const void* ga, std::int64_t C, std::int64_t runs, int threads);
-};
-
-}  // namespace
-
-namespace ra_baseline {
-#include "roi_align_cpu_kernels.inc"
-}  // namespace ra_baseline
-
-#if DETOPS_X86_ISA_VARIANTS
-DETOPS_ISA_BEGIN(DETOPS_ISA_AVX2_TARGETS)
-namespace ra_avx2 {
-#include "roi_align_cpu_kernels.inc"
-}  // namespace ra_avx2
-DETOPS_ISA_END
-
-DETOPS_ISA_BEGIN(DETOPS_ISA_AVX512_TARGETS)
-namespace ra_avx512 {
-#include "roi_align_cpu_kernels.inc"
-}  // namespace ra_avx512
-DETOPS_ISA_END
-#else
-namespace ra_avx2 {
-using ra_baseline::kKernels;
-}
-namespace ra_avx512 {
-using ra_baseline::kKernels;
-}
-#endif
-
-namespace {
-
-const RoiCpuKernels& kernels(const Context& ctx) {
-  return kernels_for(ctx, ra_baseline::kKernels, ra_avx2::kKernels, ra_avx512::kKernels);
-}
 
 /// Pools G planes (channels c .. c + G - 1 of one image) over every bin of one roi. Each table
 /// entry is loaded once for the G planes; each channel adds its samples in table order, as the
@@ -459,7 +299,8 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
 // ---------------------------------------------------------------------------------------------
 // Backward helpers
 
-/// Writes value into every element of a strided 4-d view, in parallel over the first two dims.
+/// Calls f(offset of the element, its NCHW linear index) for every element of a strided 4-d
+/// view, in parallel over the first two dims.
 template <class T, class F>
 void for_each_element(const TensorView& v, const Context& ctx, F&& f) {
   const std::int64_t outer = v.sizes[0] * v.sizes[1];
@@ -478,9 +319,8 @@ void for_each_element(const TensorView& v, const Context& ctx, F&& f) {
 /// contiguous double buffer, NCHW or NHWC (bs.s1 == 1), and a view v of any strides: the
 /// truncated mode's final rounding. Tiles of kTile positions x every channel, so that a
 /// channels-last v is written a cache-resident tile at a time (walking channel planes over the
-/// whole view wrote each line of an NHWC output once per channel it holds, far apart in time;
-/// box head NHWC, 2 threads: 467-609 -> 320-411 ms for the whole truncated backward). An NHWC
-/// buffer is read a row of channels at a time.
+/// whole view would write each line of an NHWC output once per channel it holds, far apart in
+/// time). An NHWC buffer is read a row of channels at a time.
 template <class T>
 void store_rounded(const double* buf, const detail::Strides4& bs, const TensorView& v, const Context& ctx) {
   constexpr std::int64_t kTile = 64;
@@ -531,7 +371,7 @@ void zero_fill(const TensorView& v, const Context& ctx) {
 template <int G, class V, class T, class Target, class A>
 void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<A>* samples, std::int64_t per_bin,
                         const detail::RoiAlignShape& s, const T* go_k, const detail::Strides4& go,
-                        const std::int32_t* am_k, const detail::Strides4& am, int narrow) {
+                        const std::int32_t* am_k, const detail::Strides4& am, detail::GradRounding rounding) {
   const V count = static_cast<V>(per_bin);
   auto scatter = [&ts](Target* pl, const Sample<A>& p, V g, V den) {
     auto add = [pl](std::int64_t off, V v) {
@@ -554,7 +394,9 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
       V g[G];
       for (int i = 0; i < G; ++i) {
         const acc_t<T> ga = to_acc(go_k[i * go.s1 + ph * go.s2 + pw * go.s3]);
-        g[i] = narrow ? static_cast<V>(detail::truncate_gradient(static_cast<double>(ga), narrow)) : static_cast<V>(ga);
+        g[i] = rounding != detail::GradRounding::kNone
+                   ? static_cast<V>(detail::truncate_gradient(static_cast<double>(ga), rounding))
+                   : static_cast<V>(ga);
       }
       if (!am_k) {
         for (std::int64_t j = 0; j < per_bin; ++j) {
@@ -580,7 +422,7 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
 /// leaves grad_input as it was.
 template <class T, class V, class Target, class Prepare>
 void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* target, const detail::Strides4& ts,
-                      int narrow, Prepare&& prepare) {
+                      detail::GradRounding rounding, Prepare&& prepare) {
   using A = acc_t<T>;
   const detail::RoiAlignShape& s = call.shape;
   const auto go = strides4(call.pooled);
@@ -599,7 +441,7 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
       const T* go_k = grad_output + k * go.s0 + c * go.s1;
       const std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 + c * am.s1 : nullptr;
       with_group_width(g, [&](auto w) {
-        scatter_roi_planes<decltype(w)::value, V>(plane, ts, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, narrow);
+        scatter_roi_planes<decltype(w)::value, V>(plane, ts, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, rounding);
       });
       c += g;
       n -= g;
@@ -765,7 +607,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
   const bool vector_channels = ga.gi.s1 == 1 && ga.go_c == 1 && s.C > 1;
   if (vector_channels) {
-    kernels(ctx).exact_runs_channels_last(call.features.dtype, &ga, s.C, runs, threads);
+    cpu_kernels(ctx).exact_runs_channels_last(call.features.dtype, &ga, s.C, runs, threads);
   } else {
     // Channel blocks: each slot is loaded once per block instead of once per channel; the order
     // of additions within every channel is still the slot order, so the bits do not change.
@@ -792,13 +634,10 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   }
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------------------------------------
-// Entry points
+// Entry points (the table kRoiAlignCpu at the bottom)
 
-RoiCheck roi_align_check_rois_cpu(const RoiAlignCall& call, bool need_total) {
-  (void)need_total;  // cheap on the CPU: always computed
+RoiCheck check_rois(const RoiAlignCall& call, bool /*need_total: cheap here, always computed*/, const Context&) {
   RoiCheck check;
   check.total_samples = 0;
   const detail::RoiSource rois = roi_source(call.rois);
@@ -826,15 +665,14 @@ RoiCheck roi_align_check_rois_cpu(const RoiAlignCall& call, bool need_total) {
   });
 }
 
-void roi_align_forward_cpu(const RoiAlignCall& call, const Context& ctx) {
-  const bool channels_last = strides4(call.features).s1 == 1 && strides4(call.pooled).s1 == 1 && call.shape.C > 1;
-  if (channels_last)
-    kernels(ctx).forward_channels_last(call, ctx);
+void forward(const RoiAlignCall& call, const Context& ctx) {
+  if (channels_innermost(call.features) && channels_innermost(call.pooled))
+    cpu_kernels(ctx).forward_channels_last(call, ctx);
   else
     dispatch_floating(call.features.dtype, [&](auto tag) { forward_planes<decltype(tag)>(call, ctx); });
 }
 
-std::size_t roi_align_backward_workspace_cpu(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
   const detail::RoiAlignShape& s = call.shape;
   switch (mode) {
     case BackwardMode::kAtomic: return 0;
@@ -851,8 +689,8 @@ std::size_t roi_align_backward_workspace_cpu(const RoiAlignCall& call, const Roi
   return 0;
 }
 
-void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
-                            const Context& ctx, Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt, const Context& ctx,
+              Workspace ws) {
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
     const detail::RoiAlignShape& s = call.shape;
@@ -860,7 +698,8 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
       case BackwardMode::kAtomic:
         if (s.K == 0) zero_fill<T>(call.features, ctx);
         else
-          scatter_backward<T, acc_t<T>, T>(call, ctx, static_cast<T*>(call.features.data), strides4(call.features), 0,
+          scatter_backward<T, acc_t<T>, T>(call, ctx, static_cast<T*>(call.features.data), strides4(call.features),
+                                           detail::GradRounding::kNone,
                                            [&] { zero_fill<T>(call.features, ctx); });
         break;
       case BackwardMode::kTruncated: {
@@ -869,11 +708,11 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
         // does in grad_input itself), then round each sum once. Each element receives its adds
         // in the same order in either layout, so the bits do not depend on it.
         auto* buf = static_cast<double*>(ws.data);
-        const bool channels_last = strides4(call.features).s1 == 1 && s.C > 1;
+        const bool channels_last = channels_innermost(call.features);
         const detail::Strides4 bs = channels_last ? detail::Strides4{s.H * s.W * s.C, 1, s.W * s.C, s.C}
                                                   : detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1};
         if (s.K > 0)
-          scatter_backward<T, double, double>(call, ctx, buf, bs, narrow_code(opt),
+          scatter_backward<T, double, double>(call, ctx, buf, bs, grad_rounding(opt),
                                               [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         if (s.K == 0) zero_fill<T>(call.features, ctx);
         else store_rounded<T>(buf, bs, call.features, ctx);
@@ -886,6 +725,10 @@ void roi_align_backward_cpu(const RoiAlignCall& call, const RoiCheck& check, con
     }
   });
 }
+
+}  // namespace
+
+extern const RoiAlignBackend kRoiAlignCpu = {&check_rois, &forward, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

@@ -4,7 +4,7 @@
 // in the epilogue (a template parameter) and vectorize. Anything else uses the shared generic
 // element bodies. The arithmetic is the shared helpers' in every path. float16 on a CPU with
 // F16C (and Context::cpu_isa allowing AVX2) takes the dense walks through float staging blocks
-// converted by the F16C instructions (internal/half_convert.h): the same bits, 4-7x faster.
+// converted by the F16C instructions (internal/half_convert.h): the same bits, faster.
 #include <algorithm>
 #include <type_traits>
 
@@ -80,14 +80,14 @@ inline void masked_copy(const Half* gy, const float* yv, Half* gr, std::int64_t 
 
 /// The dense walks of run_typed for float16 through F16C (see staged).
 template <bool kAdd, bool kRelu>
-void run_half_staged(const FrozenBnCall& call, const Context& ctx, const HalfConvert& cv, DenseLayout dense) {
-  const TensorView& ref = call.a;
+void run_half_staged(const FrozenBnCall& call, const Context& ctx, const HalfConvert& cv, std::optional<Layout> dense) {
+  const TensorView& ref = call.input;
   const std::int64_t N = ref.sizes[0], C = ref.sizes[1], HW = ref.sizes[2] * ref.sizes[3];
   const detail::FrozenBnArgs<Half> arr = make_frozen_bn_args<Half>(call, kAdd, kRelu);  // the typed pointers
   const Half *a = arr.a, *b = arr.b;
   Half *out = arr.out, *out2 = arr.out2;
   const float *scale = arr.scale, *shift = arr.shift;
-  const bool nhwc = dense == DenseLayout::kNHWC;
+  const bool nhwc = dense == Layout::kNHWC;
   const std::int64_t segments = nhwc ? N * HW : N * C, len = nhwc ? C : HW;
   parallel_for(segments, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(len, 1)), ctx.resolved_threads(),
                [&](std::int64_t lo, std::int64_t hi) {
@@ -117,7 +117,7 @@ void run_half_staged(const FrozenBnCall& call, const Context& ctx, const HalfCon
 template <class T, bool kAdd, bool kRelu>
 void run_typed(const FrozenBnCall& call, const Context& ctx) {
   using A = acc_t<T>;
-  const TensorView& ref = call.a;
+  const TensorView& ref = call.input;
   const std::int64_t N = ref.sizes[0], C = ref.sizes[1], H = ref.sizes[2], W = ref.sizes[3];
   const detail::FrozenBnArgs<T> arr = make_frozen_bn_args<T>(call, kAdd, kRelu);  // the typed pointers
   const T *a = arr.a, *b = arr.b;
@@ -125,15 +125,15 @@ void run_typed(const FrozenBnCall& call, const Context& ctx) {
   const A *scale = arr.scale, *shift = arr.shift;
   const int threads = ctx.resolved_threads();
 
-  const DenseLayout dense = frozen_bn_dense_layout(call);
+  const std::optional<Layout> dense = frozen_bn_dense_layout(call);
   if constexpr (std::is_same_v<T, Half>) {
-    if (const HalfConvert* cv = dense != DenseLayout::kNone ? half_convert_f16c(ctx) : nullptr) {
+    if (const HalfConvert* cv = dense.has_value() ? half_convert_f16c(ctx) : nullptr) {
       run_half_staged<kAdd, kRelu>(call, ctx, *cv, dense);
       return;
     }
   }
-  if (dense != DenseLayout::kNone) {
-    if (dense == DenseLayout::kNHWC) {  // rows of C contiguous channels
+  if (dense.has_value()) {
+    if (dense == Layout::kNHWC) {  // rows of C contiguous channels
       parallel_for(N * H * W, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(C, 1)), threads,
                    [&](std::int64_t lo, std::int64_t hi) {
                      for (std::int64_t p = lo; p < hi; ++p) {
@@ -167,21 +167,15 @@ void run_typed(const FrozenBnCall& call, const Context& ctx) {
   });
 }
 
-}  // namespace
-
-void frozen_bn_cpu(const FrozenBnCall& call, const Context& ctx) {
-  dispatch_floating(call.a.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (call.epilogue) {
-      case FrozenBnEpilogue::kNone: run_typed<T, false, false>(call, ctx); break;
-      case FrozenBnEpilogue::kRelu: run_typed<T, false, true>(call, ctx); break;
-      case FrozenBnEpilogue::kAddRelu:
-        if (call.backward) run_typed<T, false, true>(call, ctx);  // the backward only needs the mask
-        else run_typed<T, true, true>(call, ctx);
-        break;
-    }
+void run(const FrozenBnCall& call, const Context& ctx) {
+  dispatch_floating(call.input.dtype, [&](auto tag) {
+    dispatch_epilogue(call, [&](auto add, auto relu) { run_typed<decltype(tag), add(), relu()>(call, ctx); });
   });
 }
+
+}  // namespace
+
+extern const FrozenBnBackend kFrozenBnCpu = {&run};
 
 }  // namespace internal
 }  // namespace detops
