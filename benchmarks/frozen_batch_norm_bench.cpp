@@ -1,7 +1,7 @@
 // Google Benchmark suite of FrozenBatchNorm2d forward and backward on ResNet-50 backbone activations,
 // on the CPU and (in CUDA builds, with a device) CUDA, with a plain copy of the same bytes as the
 // bandwidth baseline and an unfused sequence against the fused epilogues. This file only registers
-// benchmarks (statically); main() is in roi_align_bench.cpp (one detops_bench executable).
+// benchmarks (statically); main() is in bench_main.cpp (one detops_bench executable).
 //
 // Workload: two backbone activations of Mask R-CNN R50-FPN on two 800x1088 images:
 //   res2 [2, 256, 200, 272] (stride 4, 27.9M elements: 111 MB in float32) and
@@ -42,6 +42,9 @@
 // Outputs are allocated and touched before the timed loop; the backward's y comes from an untimed
 // forward. Inputs are not rotated: res2 exceeds any CPU's last-level cache and an H100/H200's L2
 // even in 16-bit (56 MB); res5 (7-14 MB) may partly stay in a GPU's L2.
+// Selected by scripts/gpu-check.sh (timed CUDA benchmarks):
+// gpu-check bench: ^BM_FrozenBnCopy/cuda/res2/|^BM_FrozenBn(Forward|Backward)/cuda/res2/(f32|f16|bf16)/(nchw|nhwc)/(none|add_relu)/|^BM_FrozenBnUnfused/cuda/res2/f32/nchw/add_relu/
+
 #include <benchmark/benchmark.h>
 
 #include <fmt/format.h>
@@ -332,7 +335,7 @@ void run(benchmark::State& state, const Config& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Registration (static: main() is roi_align_bench.cpp's)
+// Registration (static: main() is in bench_main.cpp)
 
 void add(const Config& c) {
   benchmark::internal::Benchmark* b =

@@ -2,7 +2,7 @@
 // torch.nn.BatchNorm2d computes), on the CPU and (in CUDA builds, with a device) CUDA: the one-call
 // forward and backward, a whole training step, the two heavy phases alone, and two in-process
 // ranks (ThreadGroup) for the cost of the rank-agreement header and the all-gathers. This file
-// only registers benchmarks (statically); main() is in roi_align_bench.cpp (one detops_bench).
+// only registers benchmarks (statically); main() is in bench_main.cpp (one detops_bench).
 //
 // Workload: activations of Mask R-CNN R50-FPN on two 800x1088 images:
 //   res2 [2, 256, 200, 272]  (stride 4, 27.9M elements: 111 MB in float32; H*W = 54400),
@@ -75,6 +75,9 @@
 // allocated and touched before the timed loop; the running statistics are each benchmark's own
 // and keep being updated by the timed forwards, as in training. Inputs are not rotated: res2 and
 // box exceed any CPU's last-level cache; res5 (14 MB) may partly stay in a GPU's L2.
+// Selected by scripts/gpu-check.sh (timed CUDA benchmarks):
+// gpu-check bench: ^BM_SyncBnTrainStep/cuda/|^BM_SyncBn(Forward|Backward|LocalStats|Apply)/cuda/res2/f32/nchw/
+
 #include <benchmark/benchmark.h>
 
 #include <fmt/format.h>
@@ -415,7 +418,7 @@ void run(benchmark::State& state, const Config& c) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Registration (static: main() is roi_align_bench.cpp's)
+// Registration (static: main() is in bench_main.cpp)
 
 void add(const Config& c) {
   benchmark::internal::Benchmark* b =

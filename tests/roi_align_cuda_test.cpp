@@ -8,6 +8,9 @@
 //   - atomic backward: within tolerance; how many elements change between runs is reported;
 //   - bad rois on device memory: the documented error, outputs untouched;
 //   - all of it on a non-blocking stream of the test's own (Context::cuda_stream): the same bits.
+// Selected by scripts/gpu-check.sh (compute-sanitizer cases):
+// gpu-check sanitizer: All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
