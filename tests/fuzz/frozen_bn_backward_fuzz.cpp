@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (r.one_in(64)) {  // a device or pointer the CPU build cannot use
     Tensor4* ts4[3] = {&gy, &gx, &scale};
     Tensor4* t = ts4[r.u8() % 3];
-    if (r.one_in(2) || t->view.numel() == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
+    if (r.one_in(2) || count(t->view) == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
     else t->view.data = nullptr;
     if (t == &gy && gx_is_input && gx.buffer == gy.buffer) gx.view = gy.view;
     expect_error(&e);

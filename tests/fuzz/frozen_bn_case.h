@@ -95,9 +95,9 @@ inline Spec decode_param(Reader& r, const char* name, std::int64_t C, DType data
 
 /// Values for a data tensor: moderate, with specials in one tensor of eight.
 inline void fill_values(Reader& r, const Tensor4& t) {
-  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || t.view.numel() <= 0) return;
+  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || count(t.view) <= 0) return;
   const bool specials = r.one_in(8);
-  std::vector<double> v(static_cast<std::size_t>(t.view.numel()));
+  std::vector<double> v(static_cast<std::size_t>(count(t.view)));
   for (double& x : v) x = specials && r.one_in(3) ? special(r) : moderate(r);
   write_values(t.view, v);
 }

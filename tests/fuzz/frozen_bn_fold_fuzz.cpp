@@ -157,8 +157,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Values: running_var mostly positive; sometimes 0, -0, negative, NaN, inf or tiny.
   for (int i = 0; i < 4; ++i) {
     Tensor4& t = bufs[i];
-    if (!t.view.data || t.view.numel() <= 0) continue;
-    std::vector<double> v(static_cast<std::size_t>(t.view.numel()));
+    if (!t.view.data || count(t.view) <= 0) continue;
+    std::vector<double> v(static_cast<std::size_t>(count(t.view)));
     const bool specials = r.one_in(6);
     for (double& x : v) {
       x = specials && r.one_in(3) ? special(r) : moderate(r);
@@ -169,7 +169,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (r.one_in(64)) {
     const bool buffer = r.one_in(2);
     Tensor4* t = buffer ? &bufs[r.u8() % 4] : &scale;
-    if (r.one_in(2) || t->view.numel() == 0) t->view.device = Device::cuda(0);
+    if (r.one_in(2) || count(t->view) == 0) t->view.device = Device::cuda(0);
     else t->view.data = nullptr;
     expect_error(buffer ? &es : &e);
   }

@@ -103,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (r.one_in(64)) {  // a device or pointer the CPU build cannot use
     Tensor4* ts4[4] = {&x, &y, &scale, &shift};
     Tensor4* t = ts4[r.u8() % 4];
-    if (r.one_in(2) || t->view.numel() == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
+    if (r.one_in(2) || count(t->view) == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
     else t->view.data = nullptr;
     if (t == &x && y_is_input) y.view = x.view;  // keep in-place views identical
     expect_error(&e);

@@ -443,10 +443,20 @@ inline std::vector<double> read_values(const TensorView& v) {
   return out;
 }
 
+/// The element count of a view the harness built, or -1 when the library would refuse it
+/// (a negative size or a count past int64): TensorView::numel() throws there.
+inline std::int64_t count(const TensorView& v) {
+  std::int64_t n = 1;
+  for (int d = 0; d < v.rank; ++d) {
+    if (v.sizes[d] < 0 || __builtin_mul_overflow(n, v.sizes[d], &n)) return -1;
+  }
+  return n;
+}
+
 /// Whether the byte ranges [data + lo*es, data + (hi+1)*es) of two non-empty views intersect
 /// (the library's own test for overlap).
 inline bool spans_intersect(const TensorView& a, const TensorView& b) {
-  if (!a.defined() || !b.defined() || a.numel() <= 0 || b.numel() <= 0 || !a.data || !b.data) return false;
+  if (!a.defined() || !b.defined() || count(a) <= 0 || count(b) <= 0 || !a.data || !b.data) return false;
   if (a.device != b.device) return false;
   const auto ra = offset_range(a.rank, a.sizes, a.strides), rb = offset_range(b.rank, b.sizes, b.strides);
   const auto* pa = static_cast<const unsigned char*>(a.data);
@@ -468,7 +478,7 @@ inline bool same_view(const TensorView& a, const TensorView& b) {
 /// Whether two elements of a view share memory (the library requires outputs not to; its test is
 /// conservative: sorted strides, each at least the extent of the smaller ones).
 inline bool self_overlapping_conservative(const TensorView& v) {
-  if (v.numel() <= 1) return false;
+  if (count(v) <= 1) return false;
   std::vector<int> dims;
   for (int d = 0; d < v.rank; ++d)
     if (v.sizes[d] > 1) dims.push_back(d);

@@ -353,7 +353,7 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
     if (t->view.defined()) {
       if (r.one_in(2)) {
         t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
-      } else if (t->view.numel() > 0) {
+      } else if (count(t->view) > 0) {
         t->view.data = nullptr;
       } else {
         t->view.device = Device::cuda(0);
@@ -366,7 +366,7 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
   auto gen_values = [&](Tensor4& t, bool* finite, double* maxabs) {
     if (!t.view.defined() || t.view.data == nullptr || !t.view.device.is_cpu()) return;
     const bool specials = r.one_in(8);
-    std::vector<double> v(static_cast<std::size_t>(std::max<std::int64_t>(t.view.numel(), 0)));
+    std::vector<double> v(static_cast<std::size_t>(std::max<std::int64_t>(count(t.view), 0)));
     for (double& x : v) x = specials && r.one_in(3) ? special(r) : moderate(r);
     write_values(t.view, v);
     (void)finite;
@@ -374,10 +374,10 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
   };
   if (backward) {
     gen_values(c.pooled, nullptr, nullptr);
-    if (c.has_argmax && c.argmax.view.data && c.argmax.view.device.is_cpu() && c.argmax.view.numel() > 0) {
+    if (c.has_argmax && c.argmax.view.data && c.argmax.view.device.is_cpu() && count(c.argmax.view) > 0) {
       // argmax: -1, in range, just out of range, or garbage; the grid is only known later, so
       // values are small non-negative numbers or specials.
-      std::vector<double> v(static_cast<std::size_t>(c.argmax.view.numel()));
+      std::vector<double> v(static_cast<std::size_t>(count(c.argmax.view)));
       for (double& x : v) {
         const int m = r.u8() % 16;
         x = m == 0 ? -1 : m == 1 ? (r.one_in(2) ? -2147483648.0 : 2147483647.0) : static_cast<double>(r.range(0, 40));
@@ -388,7 +388,7 @@ inline RoiAlignCase decode_roi_align(Reader& r, Arena& arena, bool backward) {
     gen_values(c.features, nullptr, nullptr);
   }
   // Roi rows: a valid batch index or a bad one; moderate boxes, huge boxes, or specials.
-  std::vector<double> roi_values(static_cast<std::size_t>(std::max<std::int64_t>(c.rois.view.numel(), 0)));
+  std::vector<double> roi_values(static_cast<std::size_t>(std::max<std::int64_t>(count(c.rois.view), 0)));
   const std::int64_t cols = c.rois.view.rank == 2 ? c.rois.view.sizes[1] : 5;
   for (std::size_t i = 0; i < roi_values.size(); i += static_cast<std::size_t>(std::max<std::int64_t>(cols, 1))) {
     double row[5];

@@ -135,7 +135,7 @@ inline Tensor4* inject_bad_device(Reader& r, std::initializer_list<Tensor4*> ten
   if (!r.one_in(64)) return nullptr;
   Tensor4* t = tensors.begin()[r.u8() % tensors.size()];
   if (!t->view.defined()) return nullptr;
-  if (r.one_in(2) || t->view.numel() == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
+  if (r.one_in(2) || count(t->view) == 0) t->view.device = Device::cuda(r.one_in(2) ? 0 : -1);
   else t->view.data = nullptr;
   expect_error(e);
   return t;
@@ -167,13 +167,13 @@ inline DType decode_param_dtype(Reader& r) { return r.one_in(4) ? DType::kFloat6
 /// The element values of a data tensor: moderate (k/32, |x| <= 4), sometimes around a large
 /// mean (1e3 .. 1e4, exact in float32), and in one tensor of eight specials.
 inline void fill_data(Reader& r, const Tensor4& t) {
-  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || t.view.numel() <= 0) return;
+  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || count(t.view) <= 0) return;
   if (!is_float_dtype(t.view.dtype)) return;
   const int kind = r.u8() % 16;
   const bool specials = kind == 15 || kind == 14;
   const double offset = kind == 13 ? 1024.0 : kind == 12 ? -4096.0 : kind == 11 ? 9984.0 : 0.0;
   const double spread = kind == 10 ? 1.0 / 64 : 1.0;  // nearly constant channels
-  std::vector<double> v(static_cast<std::size_t>(t.view.numel()));
+  std::vector<double> v(static_cast<std::size_t>(count(t.view)));
   for (double& x : v) x = specials && r.one_in(3) ? special(r) : offset + spread * moderate(r);
   write_values(t.view, v);
 }
@@ -181,10 +181,10 @@ inline void fill_data(Reader& r, const Tensor4& t) {
 /// A [C] vector's values: moderate, positive (`positive`: a variance, an invstd), sometimes
 /// special.
 inline void fill_vec(Reader& r, const Tensor4& t, bool positive) {
-  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || t.view.numel() <= 0) return;
+  if (!t.view.defined() || !t.view.data || !t.view.device.is_cpu() || count(t.view) <= 0) return;
   if (!is_float_dtype(t.view.dtype)) return;
   const bool specials = r.one_in(12);
-  std::vector<double> v(static_cast<std::size_t>(t.view.numel()));
+  std::vector<double> v(static_cast<std::size_t>(count(t.view)));
   for (double& x : v) {
     x = specials && r.one_in(2) ? special(r) : moderate(r);
     if (positive && !specials) x = std::fabs(x) + 1.0 / 32;

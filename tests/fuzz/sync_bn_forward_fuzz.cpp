@@ -273,7 +273,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill_vec(r, rm, false);
   fill_vec(r, rv, true);
   if (nbt.view.defined() && nbt.view.data && nbt.view.device.is_cpu() && nbt.view.dtype == DType::kInt64 &&
-      nbt.view.numel() > 0)
+      count(nbt.view) > 0)
     std::memcpy(nbt.view.data, &nbt0, 8);
   if (!y_is_x && y.view.data && y.view.device.is_cpu()) poison(y.view);
   for (const Tensor4* t : {&sm, &si})

@@ -367,7 +367,7 @@ bool run_slots(Reader& r, std::vector<Slot>& slots, Expect e, const Invoke& invo
   if (r.one_in(6)) {
     const std::size_t o = r.u8() % slots.size(), h = r.u8() % slots.size();
     if (o != h && t[o].view.defined() && t[o].output && t[h].view.defined() && t[h].buffer >= 0 &&
-        t[o].view.numel() > 0 && t[h].view.numel() > 0) {
+        count(t[o].view) > 0 && count(t[h].view) > 0) {
       Tensor4 moved;
       bool ok = false;
       if (r.one_in(2) && slots[o].spec.dtype == t[h].view.dtype && slots[o].spec.rank == t[h].view.rank) {
