@@ -136,40 +136,39 @@ void contiguous_strides(int rank, const std::int64_t* sizes, std::int64_t* strid
   }
 }
 
+namespace {
+/// The list and vector constructors: `n` sizes and, with `has_strides`, `n_strides` strides (an
+/// empty list's pointer may be null, so the flag, not the pointer, says whether strides were given).
+void init_listed(TensorView& v, std::size_t n, const std::int64_t* sizes, bool has_strides,
+                 const std::int64_t* strides, std::size_t n_strides) {
+  if (has_strides && n_strides != n)
+    internal::fail(kBad, "TensorView: {} strides given for {} sizes; expected one stride per size", n_strides, n);
+  if (n > static_cast<std::size_t>(kMaxRank))
+    internal::fail(kBad, "TensorView: rank is {}; expected a rank in [0, {}]", n, kMaxRank);
+  init_view("TensorView", v, static_cast<int>(n), sizes, has_strides ? strides : nullptr);
+}
+}  // namespace
+
 TensorView::TensorView(void* data_, DType dtype_, Device device_, std::initializer_list<std::int64_t> sizes_,
                        std::initializer_list<std::int64_t> strides_)
     : data(data_), dtype(dtype_), device(device_) {
-  if (strides_.size() != sizes_.size())
-    internal::fail(kBad, "TensorView: {} strides given for {} sizes; expected one stride per size", strides_.size(),
-                   sizes_.size());
-  if (sizes_.size() > static_cast<std::size_t>(kMaxRank))
-    internal::fail(kBad, "TensorView: rank is {}; expected a rank in [0, {}]", sizes_.size(), kMaxRank);
-  init_view("TensorView", *this, static_cast<int>(sizes_.size()), sizes_.begin(), strides_.begin());
+  init_listed(*this, sizes_.size(), sizes_.begin(), true, strides_.begin(), strides_.size());
 }
 
 TensorView::TensorView(void* data_, DType dtype_, Device device_, std::initializer_list<std::int64_t> sizes_)
     : data(data_), dtype(dtype_), device(device_) {
-  if (sizes_.size() > static_cast<std::size_t>(kMaxRank))
-    internal::fail(kBad, "TensorView: rank is {}; expected a rank in [0, {}]", sizes_.size(), kMaxRank);
-  init_view("TensorView", *this, static_cast<int>(sizes_.size()), sizes_.begin(), nullptr);
+  init_listed(*this, sizes_.size(), sizes_.begin(), false, nullptr, 0);
 }
 
 TensorView::TensorView(void* data_, DType dtype_, Device device_, const std::vector<std::int64_t>& sizes_)
     : data(data_), dtype(dtype_), device(device_) {
-  if (sizes_.size() > static_cast<std::size_t>(kMaxRank))
-    internal::fail(kBad, "TensorView: rank is {}; expected a rank in [0, {}]", sizes_.size(), kMaxRank);
-  init_view("TensorView", *this, static_cast<int>(sizes_.size()), sizes_.data(), nullptr);
+  init_listed(*this, sizes_.size(), sizes_.data(), false, nullptr, 0);
 }
 
 TensorView::TensorView(void* data_, DType dtype_, Device device_, const std::vector<std::int64_t>& sizes_,
                        const std::vector<std::int64_t>& strides_)
     : data(data_), dtype(dtype_), device(device_) {
-  if (strides_.size() != sizes_.size())
-    internal::fail(kBad, "TensorView: {} strides given for {} sizes; expected one stride per size", strides_.size(),
-                   sizes_.size());
-  if (sizes_.size() > static_cast<std::size_t>(kMaxRank))
-    internal::fail(kBad, "TensorView: rank is {}; expected a rank in [0, {}]", sizes_.size(), kMaxRank);
-  init_view("TensorView", *this, static_cast<int>(sizes_.size()), sizes_.data(), strides_.data());
+  init_listed(*this, sizes_.size(), sizes_.data(), true, strides_.data(), strides_.size());
 }
 
 TensorView::TensorView(void* data_, DType dtype_, Device device_, int rank_, const std::int64_t* sizes_,
