@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <limits>
+#include <type_traits>
 
 #include "cuda_check.cuh"
 #include "detops/detail/roi_align_kernels.h"
@@ -31,21 +32,11 @@ __device__ inline void atomic_add(double* p, double v) { atomicAdd(p, v); }
 __device__ inline void atomic_add(Half* p, float v) {
   atomicAdd(reinterpret_cast<__half*>(p), __float2half_rn(v));
 }
+// The toolkit's bfloat16 atomicAdd on every architecture: native (atom.add.noftz.bf16) from sm_90,
+// a 16-bit compare-and-swap loop below it (cuda_bf16.hpp). One rounding rule on every GPU (v is
+// rounded to bfloat16, then each add rounds), and no access outside the element's own 2 bytes.
 __device__ inline void atomic_add(BFloat16* p, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   atomicAdd(reinterpret_cast<__nv_bfloat16*>(p), __float2bfloat16_rn(v));
-#else
-  // Compare-and-swap on the aligned 32-bit word holding the 16-bit value (pre-Ampere).
-  auto* word = reinterpret_cast<unsigned int*>(reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{3});
-  const unsigned shift = (reinterpret_cast<std::uintptr_t>(p) & 2) ? 16u : 0u;
-  unsigned int old = *word, assumed;
-  do {
-    assumed = old;
-    const float cur = static_cast<float>(BFloat16::from_bits(static_cast<std::uint16_t>(assumed >> shift)));
-    const unsigned int nb = BFloat16(cur + v).bits;
-    old = atomicCAS(word, assumed, (assumed & ~(0xffffu << shift)) | (nb << shift));
-  } while (assumed != old);
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -68,30 +59,20 @@ template <class A>
 __global__ void check_kernel(detail::RoiSource rois, detail::RoiAlignShape s, unsigned long long* first_bad,
                              std::int64_t* counts) {
   DETOPS_GRID_STRIDE(k, s.K) {
-    double row[5];
-    detail::load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row);
-    const detail::RoiBox<A> box = detail::make_roi_box<A>(row[0], row + 1, s);
-    const bool ok = box.status == detail::RoiStatus::kOk;
-    if (!ok) atomicMin(first_bad, static_cast<unsigned long long>(k));  // integer min: order-independent
-    if (counts) counts[k] = ok ? box.grid_h * box.grid_w * s.PH * s.PW : 0;
+    detail::roi_align_check_element<A>(k, rois, s, counts, [first_bad](std::int64_t bad) {
+      atomicMin(first_bad, static_cast<unsigned long long>(bad));  // integer min: order-independent
+    });
   }
 }
 
 template <class A>
 __global__ void count_kernel(detail::RoiSource rois, detail::RoiAlignShape s, std::int64_t* counts) {
-  DETOPS_GRID_STRIDE(k, s.K + 1) counts[k] = k < s.K ? detail::roi_sample_count<A>(rois, k, s) : 0;
+  DETOPS_GRID_STRIDE(k, s.K + 1) detail::roi_align_count_element<A>(k, rois, s, counts);
 }
 
 template <class A>
 __global__ void init_slots_kernel(detail::ExactRecords<A> rec, std::int64_t n, std::uint64_t sentinel) {
-  DETOPS_GRID_STRIDE(j, n) {  // every field set, so slots no roi fills are fully defined
-    rec.keys[j] = sentinel;
-    rec.ids[j] = j;
-    rec.weights[j] = A(0);
-    rec.go_offsets[j] = 0;
-    rec.am_offsets[j] = 0;
-    rec.samples[j] = -1;
-  }
+  DETOPS_GRID_STRIDE(j, n) detail::roi_align_exact_init_slot(j, rec, sentinel);
 }
 
 template <class A>
@@ -107,27 +88,26 @@ __global__ void permute_kernel(const std::int64_t* sorted_ids, detail::ExactReco
 
 template <class T>
 __global__ void gather_kernel(detail::GatherArgs<T> a, const std::int64_t* num_runs, bool channels_last) {
-  const std::int64_t runs = *num_runs;
-  const std::int64_t n = runs * a.shape.C;
-  DETOPS_GRID_STRIDE(t, n) detail::roi_align_exact_gather_element(t, a, channels_last, runs);
+  // *num_runs: written on the device by CUB's run-length encode (the host never learns it)
+  DETOPS_GRID_STRIDE(t, *num_runs * a.shape.C) detail::roi_align_exact_gather_element(t, a, channels_last, *num_runs);
 }
 
-/// Writes zero into every element of a strided 4-d tensor.
+/// Phase 3 of the float64 truncated mode: the scatter's contributions in the CPU's order.
+template <class T>
+__global__ void truncated_gather_kernel(detail::GatherArgs<T> a, const std::int64_t* num_runs, bool channels_last) {
+  DETOPS_GRID_STRIDE(t, *num_runs * a.shape.C) detail::roi_align_truncated_gather_element(t, a, channels_last, *num_runs);
+}
+
+/// Writes zero into every element of a strided 4-d tensor (gaps keep their bytes).
 template <class T>
 __global__ void fill_zero_kernel(T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) {
-    const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
-    p[b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_acc<T>(acc_t<T>(0));
-  }
+  DETOPS_GRID_STRIDE(i, n) detail::fill_zero_element(i, p, st, C, H, W);
 }
 
 template <class T>
 __global__ void cast_kernel(const double* buf, T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W,
                             std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) {
-    const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
-    p[b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_double<T>(buf[i]);
-  }
+  DETOPS_GRID_STRIDE(i, n) detail::roi_align_truncated_store_element(i, buf, p, st, C, H, W);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,7 +138,8 @@ int key_bits(const detail::RoiAlignShape& s) {
   return bits;
 }
 
-/// The exact mode's device workspace, in one fixed order (used for sizing and for carving).
+/// The exact mode's device workspace, in one fixed order (used for sizing and for carving). The
+/// float64 truncated mode uses it too, with divisors (`with_divisors`).
 template <class A>
 struct ExactDeviceBuffers {
   detail::ExactRecords<A> slots{};
@@ -173,11 +154,12 @@ struct ExactDeviceBuffers {
   std::size_t temp_bytes = 0;
 };
 
-/// CUB's run-length encode counts items in int: the exact mode is limited to 2^31 - 1 slots.
+/// CUB's run-length encode counts items in int: the exact mode (and float64 truncated) is limited
+/// to 2^31 - 1 slots.
 void check_slot_count(std::int64_t cap, const char* op) {
   if (cap > std::numeric_limits<int>::max())
-    fail(ErrorCode::kOutOfMemory, "{}: the exact mode needs {} slots here; at most 2^31 - 1 are supported (use a "
-         "fixed sampling_ratio or fewer rois per call)", op, cap);
+    fail(ErrorCode::kOutOfMemory, "{}: the exact mode (and float64 truncated) needs {} slots here; at most 2^31 - 1 "
+         "are supported (use a fixed sampling_ratio or fewer rois per call)", op, cap);
 }
 
 template <class A>
@@ -204,10 +186,11 @@ std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, con
 }
 
 template <class A>
-WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes) {
+WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes,
+                                    bool with_divisors) {
   WorkspaceLayout l;
-  add_records<A>(l, cap, true);  // slots
-  add_records<A>(l, cap, true);  // sorted (the sort writes keys and ids)
+  add_records<A>(l, cap, true, with_divisors);  // slots
+  add_records<A>(l, cap, true, with_divisors);  // sorted (the sort writes keys and ids)
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(s.K + 1);
   l.add<std::uint64_t>(cap);
@@ -219,11 +202,11 @@ WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t
 }
 
 template <class A>
-ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes) {
+ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes, bool with_divisors) {
   l.bind(base);
   ExactDeviceBuffers<A> b;
-  b.slots = take_records<A>(l);
-  b.sorted = take_records<A>(l);
+  b.slots = take_records<A>(l, with_divisors);
+  b.sorted = take_records<A>(l, with_divisors);
   b.counts = l.take<std::int64_t>();
   b.roi_offsets = l.take<std::int64_t>();
   b.run_keys = l.take<std::uint64_t>();
@@ -235,9 +218,13 @@ ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_byt
   return b;
 }
 
+/// The exact mode; with `rounding` (kFloat16 or kBFloat16) the float64 truncated mode, which runs
+/// the same phases with divisors and sums truncated contributions in phase 3.
 template <class T>
-void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Context& ctx, Workspace ws) {
+void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Context& ctx, Workspace ws,
+                    detail::GradRounding rounding = detail::GradRounding::kNone) {
   using A = acc_t<T>;
+  const bool truncated = rounding != detail::GradRounding::kNone;
   const detail::RoiAlignShape& s = call.shape;
   const char* op = call.op;
   cudaStream_t stream = stream_of(ctx);
@@ -247,11 +234,11 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
     return;
   }
   const std::size_t temp_bytes = cub_temp_bytes<A>(s, cap, op);
-  WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes);
+  WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes, truncated);
   if (layout.bytes() > ws.bytes)
     fail(ErrorCode::kInvalidArgument, "{}: workspace has {} bytes; the exact mode needs {} here", op, ws.bytes,
          layout.bytes());
-  ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes);
+  ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, truncated);
   const detail::RoiSource rois = roi_source(call.rois);
   const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
 
@@ -282,11 +269,17 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   tb = b.temp_bytes;
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
   // Phase 3: one fixed-order sum per (run, channel).
-  const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
+  detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
+  ga.rounding = rounding;
   const bool channels_last = channels_innermost(call.features);
-  gather_kernel<T><<<grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C), kBlock, 0, stream>>>(ga, b.num_runs,
-                                                                                               channels_last);
-  check_launch("gather_kernel", op, ctx);
+  const unsigned grid = grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C);
+  if (truncated) {
+    truncated_gather_kernel<T><<<grid, kBlock, 0, stream>>>(ga, b.num_runs, channels_last);
+    check_launch("truncated_gather_kernel", op, ctx);
+  } else {
+    gather_kernel<T><<<grid, kBlock, 0, stream>>>(ga, b.num_runs, channels_last);
+    check_launch("gather_kernel", op, ctx);
+  }
 }
 
 template <class T>
@@ -399,6 +392,10 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, 
   switch (mode) {
     case BackwardMode::kAtomic: return 0;
     case BackwardMode::kTruncated: {
+      if (call.features.dtype == DType::kFloat64) {  // the exact mode's phases, with divisors
+        const std::int64_t cap = exact_slot_capacity(s, check);
+        return exact_device_layout<double>(s, cap, cub_temp_bytes<double>(s, cap, call.op), true).bytes();
+      }
       WorkspaceLayout l;
       l.add<double>(s.N * s.C * s.H * s.W);
       return l.bytes();
@@ -407,7 +404,7 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, 
       return dispatch_floating(call.features.dtype, [&](auto tag) {
         using A = acc_t<decltype(tag)>;
         const std::int64_t cap = exact_slot_capacity(s, check);
-        return exact_device_layout<A>(s, cap, cub_temp_bytes<A>(s, cap, call.op)).bytes();
+        return exact_device_layout<A>(s, cap, cub_temp_bytes<A>(s, cap, call.op), false).bytes();
       });
   }
   return 0;
@@ -432,6 +429,11 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
         break;
       }
       case BackwardMode::kTruncated: {
+        if constexpr (std::is_same_v<T, double>) {
+          // Double atomics would leave the scheduling order in the result: the CPU's order instead.
+          exact_backward<T>(call, check, ctx, ws, grad_rounding(opt));
+          break;
+        }
         const std::int64_t total = s.N * s.C * s.H * s.W;
         if (s.K == 0) {  // no workspace was sized: nothing to accumulate
           zero_fill<T>(call.features, ctx, call.op);
@@ -456,9 +458,13 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
   });
 }
 
+bool uses_slots(const RoiAlignCall& call, BackwardMode mode) {
+  return mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && call.features.dtype == DType::kFloat64);
+}
+
 }  // namespace
 
-extern const RoiAlignBackend kRoiAlignCuda = {&check_rois, &forward, &backward_workspace, &backward};
+extern const RoiAlignBackend kRoiAlignCuda = {&check_rois, &forward, &backward_workspace, &backward, &uses_slots};
 
 }  // namespace internal
 }  // namespace detops

@@ -2,9 +2,21 @@
 # GPU check: one command for a lent GPU machine (NVIDIA GPU, CUDA, CMake, ninja, PyTorch with
 # torchvision; no network, no apt), sized to the lease (one command may run 10 minutes, the whole
 # lease is 15 including the machine's start). Builds only what the check needs, against the
-# dependencies that scripts/stage-gpu-deps.sh put in .deps/ (carry it), then runs, in this order:
-#   tests       ctest -L gpu (the CUDA backend against the CPU, bit for bit; the NCCL test when
-#               NCCL was found); FAILED when a GPU is visible but every test skipped
+# dependencies that scripts/stage-gpu-deps.sh put in .deps/ (carry it). First, within seconds:
+#   driver      the NVIDIA driver against nvcc's CUDA version (CUDA 13 needs r580 or newer, 12
+#               r525, 11 r450; and nvidia-smi's "CUDA Version" at least nvcc's major): an older
+#               driver fails the check here, before anything is built, since it would make every
+#               CUDA call fail and so every GPU test skip
+#   machine     GPU, driver, nvcc, compilers, the Python with torch and torchvision, NCCL
+# then the build (GoogleTest, configure, build) and, in this order:
+#   tests       ctest -L gpu with CUDA_LAUNCH_BLOCKING=1 (the CUDA backend against the CPU, bit for
+#               bit; the NCCL test when NCCL was found): blocking launches, so that an asynchronous
+#               fault is reported by the test that caused it; FAILED when a GPU is visible but
+#               every test skipped. NCCL suites whose one-rank bootstrap (ncclCommInitAll) the
+#               machine refuses -- a sandbox without the shared memory or sockets NCCL wants --
+#               are probed first, left out and reported as skipped with NCCL's reason
+#   tests-async ctest -L gpu again, launches asynchronous as in use (stream-ordering mistakes that
+#               blocking launches hide); skipped, not failed, when out of time or without a GPU
 #   compare     detops vs torchvision CUDA, alternating (benchmarks/compare_torchvision.py:
 #               compare-gpu-<date>.{json,txt}), torchvision's deterministic fallback included
 #   bench       Google Benchmark, the key CUDA runs of each benchmarks/<op>_bench.cpp
@@ -14,6 +26,9 @@
 #   sanitizer   compute-sanitizer over a few cases of each tests/*_cuda_test.cpp suite
 #               ("unsupported" when the machine's runtime refuses it: not a failure of detops)
 #   plots       the charts from the JSON (also possible later, where the JSON is copied to)
+# The comparisons use the torch and torchvision already installed (the GPU machine has them and
+# no package registry: nothing is ever installed here); without them, or without a CUDA device
+# that torch can use, they are skipped with the reason.
 # Every phase is timed and gets at most its own cap and what is left of GPU_CHECK_BUDGET; one
 # that would get under 20 s is skipped and the summary says so. After every phase the summary
 # (benchmarks/results/gpu-<date>-summary.txt) and, when $OUT is set, $OUT/summary.txt and
@@ -26,7 +41,9 @@
 #   BENCH_MIN_TIME              --benchmark_min_time in seconds (default 0.01: CUDA time per call,
 #                               and an iteration runs 10 calls, so about 0.1 s of device time)
 #   BENCH_REPETITIONS           repetitions, for the medians (default 3)
-#   PYTHON                      the python with torch and torchvision (default python3)
+#   PYTHON                      the python with torch and torchvision (default: the first of
+#                               python3, python, /usr/bin/python3, /usr/local/bin/python3,
+#                               /opt/conda/bin/python that imports them)
 #   COMPARE_ARGS                arguments for compare_torchvision.py (default: --devices cuda
 #                               --rounds 3 --tv-compile off --min-time 0.02)
 #   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
@@ -37,12 +54,19 @@
 #   NCCL_ROOT                   where nccl.h and libnccl are (default: the nvidia-nccl wheel of
 #                               $PYTHON, when there is one)
 #   GPU_CHECK_CMAKE_ARGS        extra configure arguments
+#   GPU_CHECK_BUILD_DIR         build directory (default build-gpu)
+#   GPU_CHECK_JOBS              build jobs (default: every core)
+#   CUDACXX                     the nvcc to build with and to check the driver against (default:
+#                               nvcc on PATH, else $CUDA_HOME/bin/nvcc, else /usr/local/cuda/bin)
 # On a lent machine: scripts/stage-gpu-deps.sh here first, then one device call carrying .deps:
 #   GPU_CHECK_BUDGET=480 ./scripts/gpu-check.sh   (timeout_s 540: the budget leaves it margin)
-# Exit status: nonzero when the build, a test, a benchmark or a comparison failed.
+# Exit status: nonzero when the driver is too old for nvcc, or the build, a test, a benchmark or a
+# comparison failed.
 # Nothing here names an op: what runs is found by the file naming conventions of
 # tests/CMakeLists.txt and benchmarks/CMakeLists.txt, so a new op is checked without an edit here:
-#   tests       the label gpu (tests/*_cuda_test.cpp and the NCCL test), built as detops_tests_gpu
+#   tests       the label gpu (tests/*_cuda_test.cpp and the NCCL test), built as detops_tests_gpu;
+#               the NCCL suites (probed, and left out when NCCL refuses to start) are those of the
+#               detops_nccl_communicator_test executable
 #   bench       per benchmarks/<op>_bench.cpp, the benchmarks its "// gpu-check bench: <regex>"
 #               line selects; without one, its CUDA benchmarks ^BM_<Op>[A-Za-z]*/cuda/ (<Op>: the
 #               stem in CamelCase, e.g. deform_conv_bench.cpp -> BM_DeformConv...)
@@ -55,10 +79,14 @@ root=$PWD
 
 budget=${GPU_CHECK_BUDGET:-480}
 arch=${DETOPS_CUDA_ARCHITECTURES:-90}
-jobs=$(nproc)
-build="build-gpu"
+jobs=${GPU_CHECK_JOBS:-$(nproc)}
+build=${GPU_CHECK_BUILD_DIR:-build-gpu}
 logs=$build/gpu-check
 prefix=$root/.deps/prefix
+# GoogleTest is built on the machine that runs the check and installed into the build directory,
+# not into .deps/: a .deps/ that a dry run elsewhere used stays free of binaries built there.
+gtest_prefix=$build/_deps/prefix
+[[ $gtest_prefix == /* ]] || gtest_prefix=$root/$gtest_prefix
 date=$(date +%Y-%m-%d)
 results=benchmarks/results
 compare_json=$results/compare-gpu-$date.json
@@ -69,10 +97,12 @@ roi_json=$results/gpu-roi-align-$date.json
 modes_png=$results/roi_align_modes-gpu-$date.png
 vs_png=$results/roi_align_vs_torchvision-gpu-$date.png
 bn_png=$results/sync-bn-vs-torch-gpu-$date.png
-python=${PYTHON:-python3}
+python=${PYTHON:-python3}  # replaced by pick_python below
 summary=$logs/summary.txt
 sanitizer_txt=$logs/sanitizer-summary.txt
 ctest_out=$logs/ctest.txt
+ctest_async_out=$logs/ctest-async.txt
+nccl_skip_txt=$logs/nccl-skip.txt  # written by the tests phase (a subshell): the NCCL probe's verdict
 status=0
 phases=()
 gpu_visible=0
@@ -138,9 +168,9 @@ phase() {
     echo "== $name: skipped, out of time (budget ${budget}s) =="
     case $name in
       gtest | configure | build | tests)
-        phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "FAILED: skipped, out of time")")
+        phases+=("$(printf '%-11s %4ds  %s' "$name" 0 "FAILED: skipped, out of time")")
         status=1 ;;
-      *) phases+=("$(printf '%-10s %4ds  %s' "$name" 0 "skipped: out of time")") ;;
+      *) phases+=("$(printf '%-11s %4ds  %s' "$name" 0 "skipped: out of time")") ;;
     esac
     publish
     return 1
@@ -158,7 +188,7 @@ phase() {
     124 | 137) result="FAILED (stopped at its ${limit}s limit)" ;;
     *) result="FAILED ($rc)" ;;
   esac
-  phases+=("$(printf '%-10s %4ds  %s' "$name" $((SECONDS - start)) "$result")")
+  phases+=("$(printf '%-11s %4ds  %s' "$name" $((SECONDS - start)) "$result")")
   [[ $rc -eq 0 || $rc -eq 75 ]] || status=1
   publish
   return "$rc"
@@ -166,7 +196,7 @@ phase() {
 
 skip_phase() {  # NAME WHY
   echo "== $1: $2 =="
-  phases+=("$(printf '%-10s %4ds  %s' "$1" 0 "$2")")
+  phases+=("$(printf '%-11s %4ds  %s' "$1" 0 "$2")")
   publish
 }
 
@@ -181,17 +211,105 @@ limited() { timeout --kill-after=5 "$(until_deadline)" "$@"; }
 wanted() { [[ -z ${GPU_CHECK_PHASES:-} || " $GPU_CHECK_PHASES " == *" $1 "* ]]; }
 
 machine_info() {
-  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+  if [[ $gpu_visible == 1 ]]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   else
     echo "no GPU visible (nvidia-smi missing or failing): gpu tests and CUDA benchmarks will skip"
   fi
-  { nvcc --version 2> /dev/null || /usr/local/cuda/bin/nvcc --version; } | tail -n 1
+  echo "nvcc: ${nvcc:-not found}: $("${nvcc:-false}" --version 2> /dev/null | tail -n 1)"
   cmake --version | head -n 1
   c++ --version | head -n 1
-  "$python" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -n 1
+  echo "python: $python: ${torch_info:-$torch_missing}"
   echo "NCCL: ${nccl_root:-not found (the NCCL test is left out)}"
   echo "cores: $jobs, budget: ${budget}s"
+}
+
+# The nvcc that CMake will use: $CUDACXX, else nvcc on PATH, else the toolkit's usual places.
+find_nvcc() {
+  local c
+  for c in "${CUDACXX:-}" "$(command -v nvcc 2> /dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+    [[ -n $c && -x $c ]] && { echo "$c"; return 0; }
+  done
+  return 1
+}
+
+# The oldest driver branch that runs a toolkit major version (CUDA's minor-version compatibility:
+# every 13.x runs on r580 or newer, every 12.x on r525, every 11.x on r450).
+min_driver_for() {
+  case $1 in
+    11) echo 450 ;;
+    12) echo 525 ;;
+    13) echo 580 ;;
+    *) echo "" ;;
+  esac
+}
+
+# Fails (rc 4) when the driver is older than nvcc's CUDA needs. Nothing to compare without a GPU
+# or without nvcc (the build reports that); the versions come from nvidia-smi, not from a CUDA
+# call, so this takes a second, before the build.
+check_driver() {
+  if [[ $gpu_visible != 1 ]]; then echo "no GPU visible: no driver to check"; return 0; fi
+  if [[ -z ${nvcc:-} ]]; then echo "no nvcc found (CUDACXX, PATH, \$CUDA_HOME/bin): the build will say so"; return 0; fi
+  local release major driver branch need smi_cuda
+  release=$("$nvcc" --version | sed -nE 's/.*release ([0-9]+)\.([0-9]+).*/\1.\2/p' | head -n 1)
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -n 1 | tr -d ' ')
+  smi_cuda=$(nvidia-smi 2> /dev/null | sed -nE 's/.*CUDA Version: *([0-9]+\.[0-9]+).*/\1/p' | head -n 1)
+  major=${release%%.*}
+  branch=${driver%%.*}
+  need=$(min_driver_for "$major")
+  echo "nvcc $nvcc: CUDA ${release:-?}; driver ${driver:-?} (nvidia-smi: supports CUDA up to ${smi_cuda:-?})"
+  if [[ -z $release || ! $branch =~ ^[0-9]+$ ]]; then
+    echo "gpu-check: could not read the versions (nvcc '${release}', driver '${driver}'): not checked"
+    return 0
+  fi
+  if [[ -n $need ]] && ((branch < need)); then
+    echo "gpu-check: FAILED: the driver is too old for this toolkit: nvcc is CUDA $release, which needs an NVIDIA" \
+         "driver r$need or newer, and this machine's driver is $driver. Every CUDA call would fail" \
+         "(cudaErrorInsufficientDriver) and every GPU test would skip. Build with a toolkit this driver" \
+         "runs (CUDACXX=<its nvcc>; CUDA ${smi_cuda:-that the driver supports} or older) or use a newer driver."
+    return 4
+  fi
+  if [[ -n $smi_cuda ]] && ((${smi_cuda%%.*} < major)); then
+    echo "gpu-check: FAILED: the driver is too old for this toolkit: nvcc is CUDA $release and driver $driver" \
+         "supports CUDA up to $smi_cuda. Every CUDA call would fail and every GPU test would skip."
+    return 4
+  fi
+  echo "driver ok for CUDA $release${need:+ (needs r$need or newer)}"
+}
+
+# The Python for the comparisons: $PYTHON when set, else the first interpreter here that imports
+# torch and torchvision (the GPU machine has them preinstalled and no package registry: nothing is
+# installed, ever). Sets python and torch_info ("torch X torchvision Y cuda True|False"), or
+# torch_missing (why there is none). Runs in the main shell, before the phases.
+pick_python() {
+  local candidates=() c out first_error=""
+  if [[ -n ${PYTHON:-} ]]; then
+    candidates=("$PYTHON")
+  else
+    candidates=(python3 python /usr/bin/python3 /usr/local/bin/python3 /opt/conda/bin/python)
+  fi
+  torch_info="" torch_missing=""
+  for c in "${candidates[@]}"; do
+    command -v "$c" > /dev/null 2>&1 || continue
+    if out=$(timeout 120 "$c" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__, "cuda", torch.cuda.is_available())' 2>&1); then
+      python=$c
+      torch_info=$(tail -n 1 <<< "$out")
+      return 0
+    fi
+    [[ -n $first_error ]] || first_error="$c: $(grep -E '[A-Za-z]*Error' <<< "$out" | tail -n 1)"
+  done
+  python=${candidates[0]}
+  torch_missing="no torch with torchvision (tried ${candidates[*]}; ${first_error:-none of them runs})"
+  return 1
+}
+
+# Why a comparison cannot run (empty when it can): no torch/torchvision, no GPU, or a torch that
+# sees no CUDA device (e.g. a torch built for a newer driver).
+compare_blocker() {
+  if [[ -z $torch_info ]]; then echo "$torch_missing"
+  elif [[ $gpu_visible != 1 ]]; then echo "no GPU visible"
+  elif [[ $torch_info != *"cuda True"* ]]; then echo "$python's ${torch_info% cuda*} sees no CUDA device"
+  fi
 }
 
 # NCCL: $NCCL_ROOT, else the nvidia-nccl wheel next to PyTorch (include/nccl.h, lib/libnccl.so.2;
@@ -209,26 +327,28 @@ find_nccl() {
 }
 
 build_googletest() {
-  if [[ -f $prefix/lib/cmake/GTest/GTestConfig.cmake || -f $prefix/lib64/cmake/GTest/GTestConfig.cmake ]]; then
-    echo "GoogleTest already installed in $prefix"
+  if [[ -f $gtest_prefix/lib/cmake/GTest/GTestConfig.cmake || -f $gtest_prefix/lib64/cmake/GTest/GTestConfig.cmake ]]; then
+    echo "GoogleTest already installed in $gtest_prefix"
     return 0
   fi
   # CMAKE_POLICY_VERSION_MINIMUM: googletest 1.12 asks for CMake 3.5, which CMake 4 refuses.
   limited cmake -S .deps/src/googletest -B "$build/_deps/googletest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$prefix" \
+        -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$gtest_prefix" \
         -DCMAKE_POLICY_VERSION_MINIMUM=3.5 &&
     limited cmake --build "$build/_deps/googletest" -j "$jobs" &&
     limited cmake --install "$build/_deps/googletest"
 }
 
 configure() {
-  local nccl_args=()
-  if [[ -n ${nccl_lib:-} ]]; then
-    nccl_args=(-DDETOPS_NCCL_INCLUDE_DIR="$nccl_root/include" -DDETOPS_NCCL_LIBRARY="$nccl_lib")
+  local cmake_args=()
+  if [[ -n ${nccl_lib:-} ]]; then  # NCCL from $NCCL_ROOT or the nvidia-nccl wheel
+    cmake_args=(-DDETOPS_NCCL_INCLUDE_DIR="$nccl_root/include" -DDETOPS_NCCL_LIBRARY="$nccl_lib")
   fi
+  # the nvcc the driver was checked against
+  [[ -n ${nvcc:-} ]] && cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
   # shellcheck disable=SC2086  # GPU_CHECK_CMAKE_ARGS is a list of words
   limited cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON -DDETOPS_MPI=OFF \
-        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix" "${nccl_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
+        -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix;$gtest_prefix" "${cmake_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
 }
 
 # Only what the check runs: the gpu suites (detops_tests_gpu: the CUDA tests, and the NCCL test
@@ -238,15 +358,66 @@ build_targets() {
   limited cmake --build "$build" -j "$jobs" --target detops_tests_gpu detops_bench -- -k 0
 }
 
-# ctest -L gpu; then fails when a GPU is visible and every test skipped (a driver too old for the
-# toolkit reads as "no device" to the tests).
+# NCCL may refuse to bootstrap even a one-rank world where the machine is a sandbox (no shared
+# memory, no sockets): that is the machine, not detops. The NCCL executable's first test is run
+# alone; when it fails with ncclCommInitAll's error (or does not return), its suites are left out
+# of both test passes and $nccl_skip_txt says why (line 1: the ctest -E regex, line 2: the
+# reason, line 3: how many tests). Anything else is left to ctest to report.
+nccl_probe() {
+  rm -f "$nccl_skip_txt"
+  local exe list first out rc reason suites count
+  exe=$(find "$build/tests" -name detops_nccl_communicator_test -type f -perm -u+x 2> /dev/null | head -n 1)
+  [[ -n $exe && $gpu_visible == 1 ]] || return 0
+  list=$(limited "$exe" --gtest_list_tests 2> /dev/null) || return 0
+  first=$(awk '/^[^ ]/ { suite = $1; next } { print suite $1; exit }' <<< "$list")
+  [[ -n $first ]] || return 0
+  out=$(timeout 60 "$exe" --gtest_filter="$first" 2>&1)
+  rc=$?
+  if ((rc == 124)); then
+    reason="ncclCommInitAll did not return within 60 s ($first)"
+  elif ((rc != 0)) && reason=$(grep -m 1 -oE 'ncclCommInitAll[^:]*failed: .*' <<< "$out"); then
+    reason="$reason ($first)"
+  else
+    echo "NCCL probe: $first ran (exit $rc): the NCCL suites run with the others"
+    return 0
+  fi
+  # ctest names the cases Suite.Test (parameterized: Prefix/Suite.Test/Param): one regex of suites
+  suites=$(awk '/^[^ ]/ { sub(/\.$/, "", $1); gsub(/[][.*+?^$(){}|\\]/, "\\\\&", $1); printf "%s%s", sep, $1; sep = "|" }' <<< "$list")
+  count=$(grep -c '^  ' <<< "$list")
+  printf '^(%s)[.]\n%s\n%s\n' "$suites" "$reason" "$count" > "$nccl_skip_txt"
+  echo "NCCL probe: the machine refuses NCCL's bootstrap: $reason; its $count tests are skipped"
+  tail -n 20 <<< "$out"
+}
+
+# ctest -L gpu, pass 1 (CUDA_LAUNCH_BLOCKING=1: a fault is reported at the launch that caused it)
+# or pass 2 (async: launches as in use). Pass 1 first probes NCCL (above) and fails when a GPU is
+# visible and every test skipped (a driver too old for the toolkit reads as "no device" to the
+# tests).
 run_tests() {
-  limited ctest --test-dir "$build" -L gpu --output-on-failure -j 8 --timeout 150 > "$ctest_out" 2>&1
-  local rc=$? line total skipped
-  cat "$ctest_out"
-  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$ctest_out" | tail -n 1)
+  local pass=$1 out=$ctest_out exclude=() rc line total skipped
+  if [[ $pass == first ]]; then
+    nccl_probe
+  else
+    out=$ctest_async_out
+  fi
+  if [[ -s $nccl_skip_txt ]]; then
+    exclude=(-E "$(head -n 1 "$nccl_skip_txt")")
+    echo "left out (NCCL refused to start): ${exclude[1]}"
+  fi
+  if [[ $pass == first ]]; then
+    echo "ctest -L gpu with CUDA_LAUNCH_BLOCKING=1 (a fault is reported by the test whose launch caused it)"
+    CUDA_LAUNCH_BLOCKING=1 limited ctest --test-dir "$build" -L gpu "${exclude[@]}" --output-on-failure -j 8 --timeout 150 > "$out" 2>&1
+  else
+    echo "ctest -L gpu with asynchronous launches (stream-ordering mistakes that blocking launches hide)"
+    env -u CUDA_LAUNCH_BLOCKING timeout --kill-after=5 "$(until_deadline)" \
+      ctest --test-dir "$build" -L gpu "${exclude[@]}" --output-on-failure -j 8 --timeout 150 > "$out" 2>&1
+  fi
+  rc=$?
+  cat "$out"
+  [[ $pass == first ]] || return "$rc"
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$out" | tail -n 1)
   total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
-  skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$ctest_out")
+  skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$out")
   if [[ $gpu_visible == 1 && -n $total && $total -gt 0 && $skipped -eq $total ]]; then
     # ctest does not print a skipped test's output: ask one test binary why
     echo "gpu-check: a GPU is visible but all $total gpu tests skipped:" \
@@ -428,18 +599,18 @@ if targets:
 PY
 }
 
-# Test counts from the CTest log: run, passed, failed, skipped.
+# Test counts from a CTest log (pass 1 by default): run, passed, failed, skipped.
 test_counts() {
-  local log=$ctest_out
-  [[ -s $log ]] || { echo "tests: not run"; return; }
+  local log=${1:-$ctest_out} label=${2:-tests}
+  [[ -s $log ]] || { echo "$label: not run"; return; }
   local line passed failed skipped total
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
-  [[ -n $line ]] || { echo "tests: CTest printed no summary (see $log)"; return; }
+  [[ -n $line ]] || { echo "$label: CTest printed no summary (see $log)"; return; }
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$log")
   failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<< "$line")
   total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
   passed=$((total - failed - skipped))
-  echo "tests: $passed passed, $failed failed, $skipped skipped (of $total)"
+  echo "$label: $passed passed, $failed failed, $skipped skipped (of $total)"
   grep -E '^[[:space:]]+[0-9]+ - .* \((Failed|Not Run|Timeout|SEGFAULT|Subprocess aborted|Exception)' "$log" | head -n 20
 }
 
@@ -448,7 +619,12 @@ write_summary() {
     echo "== gpu-check summary ($(date -u +%FT%TZ), ${SECONDS}s of ${budget}s) =="
     [[ -s $logs/machine.log ]] && head -n 1 "$logs/machine.log"
     printf '%s\n' "${phases[@]}"
-    test_counts
+    [[ -s $logs/driver.log ]] && grep -m 1 '^gpu-check: FAILED:' "$logs/driver.log"
+    test_counts "$ctest_out" "tests (CUDA_LAUNCH_BLOCKING=1)"
+    [[ -s $ctest_async_out ]] && test_counts "$ctest_async_out" "tests (async launches)"
+    if [[ -s $nccl_skip_txt ]]; then
+      echo "NCCL tests: $(sed -n 3p "$nccl_skip_txt") skipped, not failed: the machine refuses NCCL's bootstrap: $(sed -n 2p "$nccl_skip_txt")"
+    fi
     if [[ -s $sanitizer_txt ]]; then echo "compute-sanitizer:"; cat "$sanitizer_txt"; fi
     echo
     bench_table
@@ -474,21 +650,42 @@ publish() {
     mv "$OUT/gpu-check.tgz.tmp" "$OUT/gpu-check.tgz"
 }
 
+# The summary, PASSED or FAILED, and the exit status.
+finish() {
+  publish
+  sed -i 's/^gpu-check: PASSED so far$/gpu-check: PASSED/' "$summary" "$results/gpu-$date-summary.txt"
+  [[ -n ${OUT:-} && -f $OUT/summary.txt ]] && cp "$summary" "$OUT/summary.txt"
+  cat "$summary"
+  exit "$status"
+}
+
+command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && gpu_visible=1
+nvcc=$(find_nvcc) || nvcc=""
+torch_info="" torch_missing=""
+
+echo "gpu-check: $(date -u +%FT%TZ), CUDA architectures $arch, $jobs jobs, budget ${budget}s"
+# First, before anything slow (torch's import, the build): a driver too old for nvcc ends the check.
+phase driver 20 check_driver || finish
+pick_python
 if nccl=$(find_nccl); then
   nccl_root=${nccl%%|*}
   nccl_lib=${nccl##*|}
 fi
-command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1 && gpu_visible=1
-
-echo "gpu-check: $(date -u +%FT%TZ), CUDA architectures $arch, $jobs jobs, budget ${budget}s"
 phase machine 30 machine_info
 if phase gtest 180 build_googletest && phase configure 120 configure; then
   phase build 360 build_targets
-  if wanted tests; then phase tests 240 run_tests; fi
+  if wanted tests; then phase tests 240 run_tests first; fi
+  if wanted tests-async; then
+    if [[ $gpu_visible == 1 ]]; then phase tests-async 150 run_tests async; else skip_phase tests-async "skipped: no GPU visible"; fi
+  fi
   if [[ -x $build/benchmarks/detops_bench ]]; then
-    if wanted compare; then phase compare 150 run_compare; fi
+    if wanted compare; then
+      if why=$(compare_blocker) && [[ -n $why ]]; then skip_phase compare "skipped: $why"; else phase compare 150 run_compare; fi
+    fi
     if wanted bench; then phase bench 150 run_benchmarks; fi
-    if wanted compare-bn; then phase compare-bn 90 run_compare_bn; fi
+    if wanted compare-bn; then
+      if why=$(compare_blocker) && [[ -n $why ]]; then skip_phase compare-bn "skipped: $why"; else phase compare-bn 90 run_compare_bn; fi
+    fi
   else
     skip_phase bench "FAILED: $build/benchmarks/detops_bench was not built"
     status=1
@@ -506,9 +703,4 @@ if phase gtest 180 build_googletest && phase configure 120 configure; then
   fi
   if wanted plots && [[ -s $compare_json || -s $compare_bn_json ]]; then phase plots 40 run_plots; fi
 fi
-
-publish
-sed -i 's/^gpu-check: PASSED so far$/gpu-check: PASSED/' "$summary" "$results/gpu-$date-summary.txt"
-[[ -n ${OUT:-} && -f $OUT/summary.txt ]] && cp "$summary" "$OUT/summary.txt"
-cat "$summary"
-exit "$status"
+finish

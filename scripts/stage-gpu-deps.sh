@@ -11,6 +11,9 @@
 #   .deps/prefix/lib/cmake/benchmark/
 # The CMake package files are written here, relocatable: find_package finds them through
 # CMAKE_PREFIX_PATH=<repo>/.deps/prefix wherever the tree lands.
+# Not staged, on purpose: PyTorch and torchvision (too big to carry, and bound to that machine's
+# CUDA; gpu-check.sh uses the ones installed there and skips the comparisons, saying why, where
+# there are none) and NCCL (the nvidia-nccl wheel next to that PyTorch, or NCCL_ROOT).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -197,14 +197,18 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   return call;
 }
 
-bool needs_total(const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
-  return b.mode == BackwardMode::kExact && o.sampling_ratio <= 0;
+/// Whether the backward enumerates (position, weight, bin) slots: the backend says (see RoiAlignBackend).
+bool uses_slots(const internal::RoiAlignCall& call, BackwardMode mode) { return backend(call).uses_slots(call, mode); }
+
+/// Slots sized from the rois: with adaptive sampling, the check must total the samples.
+bool needs_total(const internal::RoiAlignCall& call, const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
+  return uses_slots(call, b.mode) && o.sampling_ratio <= 0;
 }
 
 /// Bytes of the backward's workspace layout (without the alignment slack).
 std::size_t layout_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
   if (call.shape.K == 0 || call.shape.C == 0) return 0;
-  if (mode == BackwardMode::kExact) {
+  if (uses_slots(call, mode)) {
     // Slots are 4 per sample; sized in double first so a huge problem is an error, not an overflow.
     const detail::RoiAlignShape& s = call.shape;
     const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
@@ -212,8 +216,8 @@ std::size_t layout_bytes(const internal::RoiAlignCall& call, const internal::Roi
                                                       static_cast<double>(s.sampling_ratio)
                                                 : static_cast<double>(check.total_samples);
     if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
-      fail(ErrorCode::kOutOfMemory, "{}: the exact mode would need {} slots (4 per sample); expected at most 2^40 "
-           "(use fewer rois per call or a smaller sampling_ratio)", call.op, 4.0 * samples);
+      fail(ErrorCode::kOutOfMemory, "{}: the {} mode would need {} slots (4 per sample); expected at most 2^40 "
+           "(use fewer rois per call or a smaller sampling_ratio)", call.op, to_string(mode), 4.0 * samples);
   }
   return backend(call).backward_workspace(call, check, mode);
 }
@@ -232,7 +236,7 @@ std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, con
                                               const TensorView& grad_input, const RoiAlignOptions& options,
                                               const RoiAlignBackwardOptions& backward, const Context& ctx) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {}, false);
-  const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
+  const internal::RoiCheck check = check_rois_values(call, options, needs_total(call, options, backward), ctx);
   return internal::workspace_size_with_slack(layout_bytes(call, check, backward.mode));
 }
 
@@ -240,7 +244,7 @@ void roi_align_backward(const TensorView& grad_output, const TensorView& rois, c
                         const RoiAlignOptions& options, const RoiAlignBackwardOptions& backward, const Context& ctx,
                         const TensorView& argmax, Workspace workspace) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
-  const internal::RoiCheck check = check_rois_values(call, options, needs_total(options, backward), ctx);
+  const internal::RoiCheck check = check_rois_values(call, options, needs_total(call, options, backward), ctx);
   const std::size_t bytes = layout_bytes(call, check, backward.mode);
   const internal::Scratch scratch(call.op, bytes, grad_input.device, ctx, workspace,
                                   {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},

@@ -22,89 +22,19 @@
 #include <vector>
 
 #include "detops/frozen_batch_norm.h"
+#include "frozen_batch_norm_test_util.h"
 #include "gpu_test.h"
 #include "test_util.h"
 
 namespace detops {
 
-// Readable parameters in test names and failure messages.
-[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
-[[maybe_unused]] static void PrintTo(FrozenBnEpilogue e, std::ostream* os) {
-  *os << (e == FrozenBnEpilogue::kNone ? "none" : e == FrozenBnEpilogue::kRelu ? "relu" : "add_relu");
-}
-
 namespace {
 
-using Epi = FrozenBnEpilogue;
+using namespace test::frozen_bn;
 
-const char* epi_name(Epi e) {
-  switch (e) {
-    case Epi::kNone: return "none";
-    case Epi::kRelu: return "relu";
-    case Epi::kAddRelu: return "add_relu";
-  }
-  return "?";
-}
-bool has_relu(Epi e) { return e != Epi::kNone; }
-
-/// Layouts: dense NCHW / NHWC; the same starting one element into their buffer (misaligned for
-/// 16-byte vectors); a W-slice of a wider NCHW buffer; every other channel of an NHWC buffer.
-enum class Lay { kNchw, kNhwc, kNchwOffset1, kNhwcOffset1, kSlice, kChannelSlice };
-constexpr Lay kLays[] = {Lay::kNchw, Lay::kNhwc, Lay::kNchwOffset1, Lay::kNhwcOffset1, Lay::kSlice, Lay::kChannelSlice};
-const char* lay_name(Lay l) {
-  switch (l) {
-    case Lay::kNchw: return "nchw";
-    case Lay::kNhwc: return "nhwc";
-    case Lay::kNchwOffset1: return "nchw_offset1";
-    case Lay::kNhwcOffset1: return "nhwc_offset1";
-    case Lay::kSlice: return "slice";
-    case Lay::kChannelSlice: return "channel_slice";
-  }
-  return "?";
-}
-void PrintTo(Lay l, std::ostream* os) { *os << lay_name(l); }
-
-/// A 4-d view into a 1-d storage tensor poisoned with 0xCD, on the CPU or the device.
-struct Buf {
-  Tensor storage;
-  TensorView view;
-
-  static Buf make(std::int64_t N, std::int64_t C, std::int64_t H, std::int64_t W, DType dt, Lay lay, Device dev) {
-    Buf b;
-    std::int64_t st[4] = {C * H * W, H * W, W, 1};
-    std::int64_t elems = N * C * H * W, offset = 0;
-    switch (lay) {
-      case Lay::kNchw: break;
-      case Lay::kNhwc: st[0] = H * W * C, st[1] = 1, st[2] = W * C, st[3] = C; break;
-      case Lay::kNchwOffset1: offset = 1; break;
-      case Lay::kNhwcOffset1: st[0] = H * W * C, st[1] = 1, st[2] = W * C, st[3] = C, offset = 1; break;
-      case Lay::kSlice:
-        st[0] = C * H * (W + 3), st[1] = H * (W + 3), st[2] = W + 3, st[3] = 1;
-        elems = N * C * H * (W + 3), offset = 1;
-        break;
-      case Lay::kChannelSlice:
-        st[0] = H * W * 2 * C, st[1] = 2, st[2] = W * 2 * C, st[3] = 2 * C;
-        elems = N * 2 * C * H * W;
-        break;
-    }
-    b.storage = Tensor::empty({elems + offset + 1}, dt, dev);
-    b.storage.fill_bytes(0xCD);
-    char* base = static_cast<char*>(b.storage.view().data) + offset * static_cast<std::int64_t>(dtype_size(dt));
-    b.view = TensorView(base, dt, dev, {N, C, H, W}, {st[0], st[1], st[2], st[3]});
-    return b;
-  }
-
-  /// The same bytes and view on another device.
-  Buf to(Device dev) const {
-    Buf b;
-    b.storage = storage.to(dev);
-    b.view = view;
-    b.view.device = dev;
-    b.view.data = static_cast<char*>(b.storage.view().data) +
-                  (static_cast<const char*>(view.data) - static_cast<const char*>(storage.view().data));
-    return b;
-  }
-};
+/// A 4-d view into a 1-d storage poisoned with 0xCD, on the CPU or the device (make_buf picks
+/// the layout's strides).
+using Buf = test::StridedBuf;
 
 /// Writes NCHW-ordered values into a CPU view (any strides), rounding to its dtype.
 void fill_view(const TensorView& v, const std::vector<double>& values) {
@@ -147,9 +77,6 @@ void fill_view(const TensorView& v, const std::vector<double>& values) {
   return f;
 }
 
-struct Shape {
-  std::int64_t N, C, H, W;
-};
 // H*W and C multiples of 8 (the float16 vector width) or not, C = 1, H*W = 1, and one
 // backbone-sized tensor.
 constexpr Shape kShapes[] = {{2, 19, 5, 7}, {2, 16, 4, 8}, {1, 64, 7, 7}, {3, 3, 1, 1}, {1, 1, 6, 11},
@@ -178,8 +105,8 @@ TEST_P(FrozenBnCuda, ForwardAndBackwardEqualCpuBitwise) {
     const Tensor scale = param(sc, pdt), shift = param(sh, pdt);
     const Tensor scale_g = scale.to(gpu), shift_g = shift.to(gpu);
 
-    Buf x = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), r = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu);
-    Buf gy = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu);
+    Buf x = make_buf(s, dt, lay, cpu), r = make_buf(s, dt, lay, cpu);
+    Buf gy = make_buf(s, dt, lay, cpu);
     fill_view(x.view, test::random_values(n, seed + 2, -3, 3));
     fill_view(r.view, test::random_values(n, seed + 3, -2, 2));
     fill_view(gy.view, test::random_values(n, seed + 4, -1, 1));
@@ -187,7 +114,7 @@ TEST_P(FrozenBnCuda, ForwardAndBackwardEqualCpuBitwise) {
     const bool add = epi == Epi::kAddRelu;
 
     // Forward
-    Buf y = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), yg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    Buf y = make_buf(s, dt, lay, cpu), yg = make_buf(s, dt, lay, gpu);
     frozen_batch_norm_forward(x.view, scale, shift, y.view, epi, add ? r.view : TensorView{});
     frozen_batch_norm_forward(xg.view, scale_g, shift_g, yg.view, epi, add ? rg.view : TensorView{});
     EXPECT_TRUE(same_storage(y, yg)) << "forward";
@@ -199,8 +126,8 @@ TEST_P(FrozenBnCuda, ForwardAndBackwardEqualCpuBitwise) {
 
     // Backward, from the CPU forward's y on both sides
     const Buf yg_in = y.to(gpu);
-    Buf gx = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), gxg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
-    Buf gr = Buf::make(s.N, s.C, s.H, s.W, dt, lay, cpu), grg = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    Buf gx = make_buf(s, dt, lay, cpu), gxg = make_buf(s, dt, lay, gpu);
+    Buf gr = make_buf(s, dt, lay, cpu), grg = make_buf(s, dt, lay, gpu);
     frozen_batch_norm_backward(gy.view, scale, gx.view, epi, has_relu(epi) ? y.view : TensorView{},
                                add ? gr.view : TensorView{});
     frozen_batch_norm_backward(gyg.view, scale_g, gxg.view, epi, has_relu(epi) ? yg_in.view : TensorView{},
@@ -210,13 +137,13 @@ TEST_P(FrozenBnCuda, ForwardAndBackwardEqualCpuBitwise) {
 
     // Backward in place on the device, with and without grad_residual
     Buf gi = gy.to(gpu);
-    Buf gri = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+    Buf gri = make_buf(s, dt, lay, gpu);
     frozen_batch_norm_backward(gi.view, scale_g, gi.view, epi, has_relu(epi) ? yg_in.view : TensorView{},
                                add ? gri.view : TensorView{});
     EXPECT_TRUE(same_storage(gx, gi)) << "in-place backward";
     EXPECT_TRUE(same_storage(gr, gri)) << "in-place backward grad_residual";
     if (add) {
-      Buf gx2 = Buf::make(s.N, s.C, s.H, s.W, dt, lay, gpu);
+      Buf gx2 = make_buf(s, dt, lay, gpu);
       frozen_batch_norm_backward(gyg.view, scale_g, gx2.view, epi, yg_in.view, TensorView{});
       EXPECT_TRUE(same_storage(gx, gx2)) << "backward without grad_residual";
     }

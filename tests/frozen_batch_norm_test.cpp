@@ -33,6 +33,7 @@
 #include "detops/error.h"
 #include "detops/frozen_batch_norm.h"
 #include "detops/tensor.h"
+#include "frozen_batch_norm_test_util.h"
 #include "golden_util.h"
 #include "internal/half_convert.h"
 #include "reference/frozen_batch_norm_reference.h"
@@ -44,28 +45,14 @@
 
 namespace detops {
 
-// Readable parameters in test names and failure messages.
-[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
-[[maybe_unused]] static void PrintTo(FrozenBnEpilogue e, std::ostream* os) {
-  *os << (e == FrozenBnEpilogue::kNone ? "none" : e == FrozenBnEpilogue::kRelu ? "relu" : "add_relu");
-}
-
 namespace {
 
-using Epi = FrozenBnEpilogue;
+using namespace test::frozen_bn;
 using ref::FbnEpilogueRef;
 
 constexpr const char* kGoldenFile = DETOPS_GOLDEN_DIR "/frozen_bn_torchvision.txt";
 constexpr Epi kEpilogues[] = {Epi::kNone, Epi::kRelu, Epi::kAddRelu};
 
-const char* epi_name(Epi e) {
-  switch (e) {
-    case Epi::kNone: return "none";
-    case Epi::kRelu: return "relu";
-    case Epi::kAddRelu: return "add_relu";
-  }
-  return "?";
-}
 FbnEpilogueRef to_ref(Epi e) {
   switch (e) {
     case Epi::kRelu: return FbnEpilogueRef::kRelu;
@@ -73,7 +60,6 @@ FbnEpilogueRef to_ref(Epi e) {
     default: return FbnEpilogueRef::kNone;
   }
 }
-bool has_relu(Epi e) { return e != Epi::kNone; }
 
 // ------------------------------------------------------------------------------------------------
 // Views and buffers
@@ -135,20 +121,6 @@ void fill_view(const TensorView& v, const std::vector<double>& values) {
                                        << vb[static_cast<std::size_t>(first)];
 }
 
-enum class Lay { kNchw, kNhwc, kNchwOffset1, kNhwcOffset1, kSlice, kChannelSlice };
-constexpr Lay kLays[] = {Lay::kNchw, Lay::kNhwc, Lay::kNchwOffset1, Lay::kNhwcOffset1, Lay::kSlice, Lay::kChannelSlice};
-const char* lay_name(Lay l) {
-  switch (l) {
-    case Lay::kNchw: return "nchw";
-    case Lay::kNhwc: return "nhwc";
-    case Lay::kNchwOffset1: return "nchw_offset1";
-    case Lay::kNhwcOffset1: return "nhwc_offset1";
-    case Lay::kSlice: return "slice";
-    case Lay::kChannelSlice: return "channel_slice";
-  }
-  return "?";
-}
-void PrintTo(Lay l, std::ostream* os) { *os << lay_name(l); }
 
 /// A 4-d view and the storage it lives in:
 ///   kNchw, kNhwc   dense tensors from Tensor::empty;
@@ -519,9 +491,6 @@ double tolerance(DType dt) {
   }
 }
 
-struct Shape {
-  std::int64_t N, C, H, W;
-};
 // C and H*W odd or not multiples of any vector width, C = 1, H*W = 1, and a wider C.
 constexpr Shape kShapes[] = {{2, 19, 5, 7}, {1, 64, 4, 9}, {3, 3, 1, 1}, {1, 1, 6, 11}, {2, 40, 3, 5}};
 

@@ -9,8 +9,10 @@
 #include <limits>
 #include <numeric>
 #include <tuple>
+#include <type_traits>
 
 #include "detops/detail/roi_align_kernels.h"
+#include "internal/roi_align_backend.h"
 #include "test_util.h"
 
 namespace detops {
@@ -70,12 +72,17 @@ Tensor emulate_forward(const Case& c, DType dt, Layout layout, bool channels_las
   return out;
 }
 
-/// The scatter body in thread order (k, c, ph, pw): per plane, the same order of adds as the
-/// CPU backend's per-channel loop, so the atomic and truncated results agree bit for bit.
+/// The CUDA launcher's atomic and truncated paths into grad_input `gi` (any strides, gaps kept):
+/// the zero fill (fill_zero_kernel's body), the scatter body in thread order (k, c, ph, pw): per
+/// plane, the same order of adds as the CPU backend's per-channel loop, so the atomic and
+/// truncated results agree bit for bit; and for truncated the dense double sums rounded once
+/// (cast_kernel's body).
 template <class T>
-Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRounding rounding) {
+void emulate_scatter_into(const Case& c, const TensorView& gi, detail::GradRounding rounding) {
   const auto& s = c.shape;
-  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
+  T* p = static_cast<T*>(gi.data);
+  const detail::Strides4 gs = st(gi);
+  const std::int64_t total = s.N * s.C * s.H * s.W;
   detail::BackwardArgs<T> a{};
   a.grad_output = c.grad_output.data<T>();
   a.go = st(c.grad_output);
@@ -85,56 +92,71 @@ Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRound
   a.shape = s;
   a.max_pool = c.opt.pool_mode == PoolMode::kMax;
   a.channels_last = false;
+  if (rounding == detail::GradRounding::kNone || s.K == 0) {  // the launcher zero-fills first (or only)
+    for (std::int64_t i = 0; i < total; ++i) detail::fill_zero_element(i, p, gs, s.C, s.H, s.W);
+    if (s.K == 0) return;
+  }
   if (rounding == detail::GradRounding::kNone) {
-    std::fill(gi.data<T>(), gi.data<T>() + gi.numel(), from_acc<T>(acc_t<T>(0)));
-    a.gi = st(gi);
-    T* p = gi.data<T>();
+    a.gi = gs;
     for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
       detail::roi_align_backward_scatter_element<T, acc_t<T>>(
           i, a, detail::GradRounding::kNone, [p](std::int64_t off, acc_t<T> v) {
             p[off] = from_double<T>(static_cast<double>(static_cast<acc_t<T>>(to_acc(p[off])) + v));
           });
-    return gi;
+    return;
   }
-  std::vector<double> buf(static_cast<std::size_t>(s.N * s.C * s.H * s.W), 0.0);
+  std::vector<double> buf(static_cast<std::size_t>(total), 0.0);
   a.gi = {s.C * s.H * s.W, s.H * s.W, s.W, 1};
   for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
     detail::roi_align_backward_scatter_element<T, double>(i, a, rounding,
                                                           [&buf](std::int64_t off, double v) { buf[off] += v; });
-  test::fill_from(gi, std::vector<double>(buf.size()));  // zero, then exact values below
-  const TensorView& v = gi.view();
-  for (std::int64_t n = 0; n < s.N; ++n)
-    for (std::int64_t ch = 0; ch < s.C; ++ch)
-      for (std::int64_t y = 0; y < s.H; ++y)
-        for (std::int64_t x = 0; x < s.W; ++x)
-          gi.data<T>()[n * v.strides[0] + ch * v.strides[1] + y * v.strides[2] + x * v.strides[3]] =
-              from_double<T>(buf[static_cast<std::size_t>(((n * s.C + ch) * s.H + y) * s.W + x)]);
+  // cast_kernel's body over its grid: the dense NCHW sums rounded once into grad_input's layout
+  for (std::int64_t i = 0; i < total; ++i) detail::roi_align_truncated_store_element(i, buf.data(), p, gs, s.C, s.H, s.W);
+}
+
+template <class T>
+Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRounding rounding) {
+  const auto& s = c.shape;
+  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
+  emulate_scatter_into<T>(c, gi.view(), rounding);
   return gi;
 }
 
 /// The three exact-mode phases as the CUDA launcher sequences them, with std::stable_sort in
-/// place of CUB's (stable) radix sort.
+/// place of CUB's (stable) radix sort. With `rounding` (kFloat16, kBFloat16): the float64
+/// truncated mode's variant (divisors, truncated contributions summed in double).
 template <class T>
-Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_threads) {
+void emulate_exact_into(const Case& c, const TensorView& gi, bool channels_last_threads,
+                        detail::GradRounding rounding = detail::GradRounding::kNone) {
   using A = acc_t<T>;
+  const bool truncated = rounding != detail::GradRounding::kNone;
   const auto& s = c.shape;
   const detail::RoiSource rois{c.rois.view().data, DType::kFloat32, 5, 1};
-  std::vector<std::int64_t> offsets(static_cast<std::size_t>(s.K + 1), 0);
-  for (std::int64_t k = 0; k < s.K; ++k) offsets[k + 1] = offsets[k] + detail::roi_sample_count<A>(rois, k, s);
-  const std::int64_t cap = 4 * offsets[s.K];
+  // count_kernel's body over its grid (K + 1 entries), then the exclusive scan CUB does
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K + 1), -7), offsets(counts.size(), 0);
+  for (std::int64_t k = 0; k < s.K + 1; ++k) detail::roi_align_count_element<A>(k, rois, s, counts.data());
+  std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), std::int64_t{0});
+  // The CUDA launcher's capacity: with a fixed sampling ratio every roi's slots, invalid rows'
+  // included (unchecked calls), which then stay as init_slots_kernel left them.
+  const std::int64_t cap = s.sampling_ratio > 0 ? 4 * s.K * s.PH * s.PW * s.sampling_ratio * s.sampling_ratio
+                                                : 4 * offsets[s.K];
   const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
-  std::vector<std::uint64_t> keys(cap, sentinel);
-  std::vector<std::int64_t> ids(cap), go(cap), am(cap), sgo(cap), sam(cap);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::vector<A> w(cap), sw(cap);
-  std::vector<std::int32_t> smp(cap), ssmp(cap);
-  detail::ExactRecords<A> rec{keys.data(), ids.data(), w.data(), go.data(), am.data(), smp.data()};
+  // Garbage first (as in a reused workspace): init_slots_kernel's body must define every field.
+  std::vector<std::uint64_t> keys(cap, 0x5a5a5a5a5a5aull);
+  std::vector<std::int64_t> ids(cap, -3), go(cap, -3), am(cap, -3), sgo(cap), sam(cap);
+  std::vector<A> w(cap, A(-5)), sw(cap);
+  std::vector<std::int32_t> smp(cap, 77), ssmp(cap);
+  std::vector<double> div(cap, -9.0), sdiv(cap);
+  detail::ExactRecords<A> rec{keys.data(), ids.data(), w.data(), go.data(), am.data(), smp.data(),
+                              truncated ? div.data() : nullptr};
+  for (std::int64_t j = 0; j < cap; ++j) detail::roi_align_exact_init_slot(j, rec, sentinel);
   detail::EnumerateArgs<A> ea{rois, offsets.data(), s, c.opt.pool_mode == PoolMode::kMax, st(c.grad_output),
                               c.argmax.numel() ? st(c.argmax) : detail::Strides4{0, 0, 0, 0}, rec};
   for (std::int64_t t = 0; t < s.K * s.PH * s.PW; ++t) detail::roi_align_exact_enumerate_bin(t, ea);
   std::vector<std::int64_t> sorted(ids);
   std::stable_sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
-  detail::ExactRecords<A> to{nullptr, nullptr, sw.data(), sgo.data(), sam.data(), ssmp.data()};
+  detail::ExactRecords<A> to{nullptr, nullptr, sw.data(), sgo.data(), sam.data(), ssmp.data(),
+                             truncated ? sdiv.data() : nullptr};
   for (std::int64_t r = 0; r < cap; ++r) detail::roi_align_exact_permute(r, sorted.data(), rec, to);
   std::vector<std::uint64_t> run_keys;
   std::vector<std::int64_t> run_offsets, run_lengths;
@@ -146,7 +168,10 @@ Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_
     }
     ++run_lengths.back();
   }
-  Tensor gi = Tensor::zeros({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
+  // zero_fill: a memset when dense (the same bytes), fill_zero_kernel's body otherwise
+  for (std::int64_t i = 0; i < s.N * s.C * s.H * s.W; ++i)
+    detail::fill_zero_element(i, static_cast<T*>(gi.data), st(gi), s.C, s.H, s.W);
+  if (cap == 0 || s.K == 0) return;
   detail::GatherArgs<T> ga{};
   ga.run_keys = run_keys.data();
   ga.run_offsets = run_offsets.data();
@@ -159,12 +184,50 @@ Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_
   ga.go_c = c.grad_output.view().strides[1];
   ga.argmax = c.argmax.data<std::int32_t>();
   ga.am_c = c.argmax.numel() ? c.argmax.view().strides[1] : 0;
-  ga.grad_input = gi.data<T>();
+  ga.grad_input = static_cast<T*>(gi.data);
   ga.gi = st(gi);
   ga.shape = s;
   ga.max_pool = c.opt.pool_mode == PoolMode::kMax;
+  ga.divisors = to.divisors;
+  ga.rounding = rounding;
   const std::int64_t runs = static_cast<std::int64_t>(run_keys.size());
-  for (std::int64_t t = 0; t < runs * s.C; ++t) detail::roi_align_exact_gather_element(t, ga, channels_last_threads, runs);
+  for (std::int64_t t = 0; t < runs * s.C; ++t) {
+    if (truncated) detail::roi_align_truncated_gather_element(t, ga, channels_last_threads, runs);
+    else detail::roi_align_exact_gather_element(t, ga, channels_last_threads, runs);
+  }
+}
+
+template <class T>
+Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_threads,
+                     detail::GradRounding rounding = detail::GradRounding::kNone) {
+  const auto& s = c.shape;
+  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
+  emulate_exact_into<T>(c, gi.view(), channels_last_threads, rounding);
+  return gi;
+}
+
+detail::GradRounding rounding_of(BackwardMode mode, TruncationFormat format) {
+  if (mode != BackwardMode::kTruncated) return detail::GradRounding::kNone;
+  return format == TruncationFormat::kFloat16 ? detail::GradRounding::kFloat16 : detail::GradRounding::kBFloat16;
+}
+
+/// The CUDA launcher's backward, mode by mode: atomic and truncated scatter, except float64
+/// truncated, which takes the exact mode's phases with truncated sums; exact.
+template <class T>
+void emulate_backward_into(const Case& c, const TensorView& gi, BackwardMode mode, TruncationFormat format,
+                           bool channels_last_threads) {
+  const detail::GradRounding rounding = rounding_of(mode, format);
+  if (mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && std::is_same_v<T, double>))
+    emulate_exact_into<T>(c, gi, channels_last_threads, rounding);
+  else
+    emulate_scatter_into<T>(c, gi, rounding);
+}
+template <class T>
+Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mode, bool channels_last_threads,
+                        TruncationFormat format = TruncationFormat::kFloat16) {
+  const auto& s = c.shape;
+  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
+  emulate_backward_into<T>(c, gi.view(), mode, format, channels_last_threads);
   return gi;
 }
 
@@ -256,11 +319,16 @@ void check_all(const Param& p) {
     RoiAlignBackwardOptions b;
     b.mode = mode;
     roi_align_backward(c.grad_output, c.rois, gi, c.opt, b, ctx, c.argmax);
-    if (mode == BackwardMode::kExact) {
-      for (bool cl : {false, true}) EXPECT_TRUE(test::same_bytes(gi, emulate_exact<T>(c, dt, layout, cl))) << "exact";
-    } else {
-      EXPECT_TRUE(test::same_bytes(gi, emulate_scatter<T>(c, dt, layout, mode == BackwardMode::kAtomic ? detail::GradRounding::kNone : detail::GradRounding::kFloat16)))
-          << to_string(mode);
+    for (bool cl : {false, true})
+      EXPECT_TRUE(test::same_bytes(gi, emulate_backward<T>(c, dt, layout, mode, cl))) << to_string(mode);
+    if (mode == BackwardMode::kTruncated) {
+      // Both truncated paths give the CPU's bits, whatever the dtype: the scatter (CUDA's path for
+      // 32- and 16-bit) and the slots summed in sorted order (its path for float64).
+      EXPECT_TRUE(test::same_bytes(gi, emulate_scatter<T>(c, dt, layout, detail::GradRounding::kFloat16)))
+          << "truncated, scatter";
+      for (bool cl : {false, true})
+        EXPECT_TRUE(test::same_bytes(gi, emulate_exact<T>(c, dt, layout, cl, detail::GradRounding::kFloat16)))
+            << "truncated, slots";
     }
   }
 }
@@ -325,6 +393,209 @@ TEST(RoiAlignEmulated, MaxPoolingWithNanInfAndTiesIsTheKernelBody) {
       check_max_specials<Half>(DType::kFloat16, layout, sr);
       check_max_specials<BFloat16>(DType::kBFloat16, layout, sr);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher's bookkeeping kernels (strided zero fill and store, the roi check and counts,
+// slot initialization) over their grids, against the CPU backend.
+
+/// A [N, C, H, W] view with gaps into a storage of 0xA5 bytes: NCHW rows padded by 3 elements, or
+/// NHWC pixels padded by 5 channels. Compared whole, so a write into a gap shows.
+struct GappedView {
+  Tensor storage;
+  TensorView view;
+};
+GappedView gapped(const detail::RoiAlignShape& s, DType dt, Layout layout) {
+  GappedView g;
+  const std::int64_t N = s.N, C = s.C, H = s.H, W = s.W;
+  if (layout == Layout::kNCHW) {
+    g.storage = Tensor::empty({N, C, H, W + 3}, dt);
+    g.view = TensorView(g.storage.view().data, dt, Device::cpu(), {N, C, H, W}, {C * H * (W + 3), H * (W + 3), W + 3, 1});
+  } else {
+    g.storage = Tensor::empty({N, H, W, C + 5}, dt);
+    g.view = TensorView(g.storage.view().data, dt, Device::cpu(), {N, C, H, W}, {H * W * (C + 5), 1, W * (C + 5), C + 5});
+  }
+  g.storage.fill_bytes(0xA5);
+  return g;
+}
+
+/// Drops every roi (K = 0): each mode then only zero-fills grad_input.
+void make_empty(Case& c, DType dt, Layout layout) {
+  const auto& s = c.shape;
+  c.rois = Tensor::empty({0, 5}, DType::kFloat32);
+  c.grad_output = Tensor::empty({0, s.C, s.PH, s.PW}, dt, Device::cpu(), layout);
+  if (c.opt.pool_mode == PoolMode::kMax)
+    c.argmax = Tensor::empty({0, s.C, s.PH, s.PW}, DType::kInt32, Device::cpu(), layout);
+  c.shape.K = 0;
+}
+
+template <class T>
+void check_gapped(DType dt, Layout layout, PoolMode pool, std::int64_t sr, bool empty) {
+  Case c = make_case(dt, layout, pool, sr, true);
+  if (empty) make_empty(c, dt, layout);
+  Context ctx;
+  ctx.num_threads = 2;
+  struct Mode {
+    BackwardMode mode;
+    TruncationFormat format;
+  };
+  for (const Mode m : {Mode{BackwardMode::kAtomic, TruncationFormat::kFloat16},
+                       Mode{BackwardMode::kTruncated, TruncationFormat::kFloat16},
+                       Mode{BackwardMode::kTruncated, TruncationFormat::kBFloat16},
+                       Mode{BackwardMode::kExact, TruncationFormat::kFloat16}}) {
+    const GappedView got = gapped(c.shape, dt, layout), want = gapped(c.shape, dt, layout);
+    RoiAlignBackwardOptions b;
+    b.mode = m.mode;
+    b.truncation = m.format;
+    roi_align_backward(c.grad_output, c.rois, got.view, c.opt, b, ctx, c.argmax);
+    emulate_backward_into<T>(c, want.view, m.mode, m.format, layout == Layout::kNHWC);
+    EXPECT_TRUE(test::same_bytes(got.storage, want.storage))
+        << to_string(m.mode) << (m.format == TruncationFormat::kBFloat16 ? " (bfloat16 rounding)" : "");
+    // the comparison sees the gaps: they must still hold the poison, and some element must not
+    const auto* bytes = static_cast<const unsigned char*>(got.storage.view().data);
+    EXPECT_EQ(bytes[got.storage.nbytes() - 1], 0xA5) << "a gap was written";
+    EXPECT_FALSE(test::same_bytes(got.storage, gapped(c.shape, dt, layout).storage)) << "nothing was written";
+  }
+}
+
+TEST(RoiAlignEmulated, StridedGradInputGetsTheKernelBits) {
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC})
+    for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax})
+      for (std::int64_t sr : {0, 2})
+        for (bool empty : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << (layout == Layout::kNHWC ? "nhwc " : "nchw ") << to_string(pool)
+                                            << " sr " << sr << (empty ? " K=0" : ""));
+          check_gapped<float>(DType::kFloat32, layout, pool, sr, empty);
+          check_gapped<double>(DType::kFloat64, layout, pool, sr, empty);
+          check_gapped<Half>(DType::kFloat16, layout, pool, sr, empty);
+          check_gapped<BFloat16>(DType::kBFloat16, layout, pool, sr, empty);
+        }
+}
+
+/// init_slots_kernel's body over a workspace of 0xA5 bytes: every field of every slot gets the
+/// documented value (sentinel key, own id, zero weight and offsets, sample -1), byte for byte.
+template <class A>
+void check_init_slots() {
+  constexpr std::int64_t cap = 37;
+  const std::uint64_t sentinel = 12345;
+  std::vector<std::uint64_t> keys(cap);
+  std::vector<std::int64_t> ids(cap), go(cap), am(cap);
+  std::vector<A> w(cap);
+  std::vector<std::int32_t> smp(cap);
+  for (auto* v : {static_cast<void*>(keys.data()), static_cast<void*>(ids.data()), static_cast<void*>(go.data()),
+                  static_cast<void*>(am.data())})
+    std::memset(v, 0xA5, cap * 8);
+  std::memset(w.data(), 0xA5, cap * sizeof(A));
+  std::memset(smp.data(), 0xA5, cap * 4);
+  const detail::ExactRecords<A> rec{keys.data(), ids.data(), w.data(), go.data(), am.data(), smp.data()};
+  for (std::int64_t j = 0; j < cap; ++j) detail::roi_align_exact_init_slot(j, rec, sentinel);
+  std::vector<std::int64_t> want_ids(cap);
+  std::iota(want_ids.begin(), want_ids.end(), 0);
+  EXPECT_EQ(keys, std::vector<std::uint64_t>(cap, sentinel));
+  EXPECT_EQ(ids, want_ids);
+  EXPECT_EQ(go, std::vector<std::int64_t>(cap, 0));
+  EXPECT_EQ(am, std::vector<std::int64_t>(cap, 0));
+  EXPECT_EQ(smp, std::vector<std::int32_t>(cap, -1));
+  const std::vector<A> zeros(cap, A(0));  // +0: all bytes zero
+  EXPECT_EQ(std::memcmp(w.data(), zeros.data(), cap * sizeof(A)), 0);
+}
+
+TEST(RoiAlignEmulated, InitSlotsDefinesEveryField) {
+  check_init_slots<float>();
+  check_init_slots<double>();
+}
+
+/// Rows the roi check rejects, each for another reason, at rows 3, 9, 14, 20 and 31 (31: a grid
+/// over max_samples_per_roi, adaptive sampling only). Returns how many rows are bad.
+int corrupt_rois(Case& c, std::int64_t max_samples) {
+  std::vector<double> r = test::to_vector(c.rois);
+  r[3 * 5 + 0] = 0.5;                                       // batch index not an integer
+  r[9 * 5 + 0] = 2;                                         // batch index out of range (N = 2)
+  r[14 * 5 + 2] = std::numeric_limits<double>::quiet_NaN();  // coordinate not finite
+  r[20 * 5 + 3] = std::numeric_limits<double>::infinity();
+  r[31 * 5 + 1] = -500, r[31 * 5 + 2] = -500, r[31 * 5 + 3] = 3000, r[31 * 5 + 4] = 3000;  // a huge roi
+  c.rois = make_tensor({c.shape.K, 5}, DType::kFloat32, r);
+  c.opt.max_samples_per_roi = c.shape.max_samples_per_roi = max_samples;
+  return c.shape.sampling_ratio > 0 ? 4 : 5;
+}
+
+template <class A>
+void check_roi_bodies(DType dt, std::int64_t sr) {
+  Case c = make_case(dt, Layout::kNCHW, PoolMode::kAvg, sr, true);
+  const int bad_rows = corrupt_rois(c, 4000);
+  const auto& s = c.shape;
+  const detail::RoiSource rois{c.rois.view().data, DType::kFloat32, 5, 1};
+  // check_kernel's body, threads in reverse order: the smallest bad row must win anyway
+  unsigned long long first_bad = static_cast<unsigned long long>(s.K), first_bad_no_counts = first_bad;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K), -1), counted(static_cast<std::size_t>(s.K + 1), -1);
+  for (std::int64_t k = s.K - 1; k >= 0; --k) {
+    detail::roi_align_check_element<A>(k, rois, s, counts.data(), [&](std::int64_t bad) {
+      first_bad = std::min(first_bad, static_cast<unsigned long long>(bad));
+    });
+    detail::roi_align_check_element<A>(k, rois, s, nullptr, [&](std::int64_t bad) {
+      first_bad_no_counts = std::min(first_bad_no_counts, static_cast<unsigned long long>(bad));
+    });
+  }
+  for (std::int64_t k = 0; k < s.K + 1; ++k) detail::roi_align_count_element<A>(k, rois, s, counted.data());
+  // the CPU backend's check of the same call
+  const internal::RoiAlignCall call{"test", c.input.view(), c.rois.view(), c.grad_output.view(), TensorView{}, s, false};
+  const internal::RoiCheck cpu = internal::kRoiAlignCpu.check_rois(call, true, Context{});
+  EXPECT_EQ(cpu.bad_row, 3);
+  EXPECT_EQ(static_cast<std::int64_t>(first_bad), cpu.bad_row);
+  EXPECT_EQ(static_cast<std::int64_t>(first_bad_no_counts), cpu.bad_row);
+  std::int64_t total = 0, zeros = 0;
+  for (std::int64_t k = 0; k < s.K; ++k) {
+    EXPECT_EQ(counts[k], counted[k]) << "roi " << k;
+    total += counts[k];
+    zeros += counts[k] == 0;
+  }
+  EXPECT_EQ(counted[s.K], 0);
+  EXPECT_EQ(zeros, bad_rows);
+  EXPECT_EQ(total, cpu.total_samples);
+}
+
+TEST(RoiAlignEmulated, RoiCheckAndCountBodiesMatchCpuBackend) {
+  for (std::int64_t sr : {0, 2}) {
+    SCOPED_TRACE(::testing::Message() << "sr " << sr);
+    check_roi_bodies<float>(DType::kFloat32, sr);
+    check_roi_bodies<double>(DType::kFloat64, sr);
+  }
+}
+
+/// check_rois = false: invalid rows pool to zero and contribute nothing. Exact mode with a fixed
+/// sampling ratio then has slots no roi fills (init_slots_kernel's sentinels); adaptive sampling
+/// sizes them from the counts.
+template <class T>
+void check_unchecked(DType dt, Layout layout, PoolMode pool, std::int64_t sr) {
+  Case c = make_case(dt, layout, pool, sr, true);  // argmax from the valid rois
+  corrupt_rois(c, 4000);
+  c.opt.check_rois = false;
+  Context ctx;
+  ctx.num_threads = 2;
+  for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
+    Tensor gi = Tensor::empty({c.shape.N, c.shape.C, c.shape.H, c.shape.W}, dt, Device::cpu(), layout);
+    RoiAlignBackwardOptions b;
+    b.mode = mode;
+    roi_align_backward(c.grad_output, c.rois, gi, c.opt, b, ctx, c.argmax);
+    EXPECT_TRUE(test::same_bytes(gi, emulate_backward<T>(c, dt, layout, mode, layout == Layout::kNHWC)))
+        << to_string(mode);
+  }
+  Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
+  Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
+  roi_align_forward(c.input, c.rois, out, c.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
+  EXPECT_TRUE(test::same_bytes(out, emulate_forward<T>(c, dt, layout, false))) << "forward";
+}
+
+TEST(RoiAlignEmulated, UncheckedInvalidRowsGiveTheKernelBits) {
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC})
+    for (PoolMode pool : {PoolMode::kAvg, PoolMode::kMax})
+      for (std::int64_t sr : {0, 2}) {
+        SCOPED_TRACE(::testing::Message() << (layout == Layout::kNHWC ? "nhwc " : "nchw ") << to_string(pool)
+                                          << " sr " << sr);
+        check_unchecked<float>(DType::kFloat32, layout, pool, sr);
+        check_unchecked<double>(DType::kFloat64, layout, pool, sr);
+        check_unchecked<Half>(DType::kFloat16, layout, pool, sr);
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -32,84 +32,22 @@
 #include "detops/communicator.h"
 #include "detops/sync_batch_norm.h"
 #include "gpu_test.h"
+#include "sync_batch_norm_test_util.h"
 #include "test_util.h"
 
 namespace detops {
 
-[[maybe_unused]] static void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
-[[maybe_unused]] static void PrintTo(SyncBnMode m, std::ostream* os) { *os << (m == SyncBnMode::kExact ? "exact" : "default"); }
-
 namespace {
 
-/// Layouts: dense NCHW, dense NHWC, an NCHW W-slice of a wider buffer (rows not contiguous
-/// with each other: the kernels' generic position path), and a channels-last W-slice (channels
-/// contiguous, positions not uniformly spaced: the channels-last generic path).
-enum class Lay { kNchw, kNhwc, kStrided, kNhwcStrided };
-const char* lay_name(Lay l) {
-  switch (l) {
-    case Lay::kNchw: return "nchw";
-    case Lay::kNhwc: return "nhwc";
-    case Lay::kStrided: return "strided";
-    case Lay::kNhwcStrided: return "nhwc_strided";
-  }
-  return "?";
-}
-[[maybe_unused]] void PrintTo(Lay l, std::ostream* os) { *os << lay_name(l); }
+using namespace test::sync_bn;
 
-struct Shape {
-  std::int64_t N, C, H, W;
-};
 // One partial chunk per image (221 positions), H*W = 1, an empty image, an odd number of chunks
 // per channel (3 per image, the last partial), and a backbone-sized map (13 chunks per image).
 constexpr Shape kShapes[] = {{2, 64, 13, 17}, {3, 5, 1, 1}, {1, 3, 0, 4}, {5, 4, 17, 31}, {4, 32, 56, 56}};
 
-/// A 4-d view into a 1-d storage poisoned with 0xCD, on the CPU or the device.
-struct Buf {
-  Tensor storage;
-  TensorView view;
-
-  static Buf make(const Shape& s, DType dt, Lay lay, Device dev) {
-    const std::int64_t N = s.N, C = s.C, H = s.H, W = s.W;
-    Buf b;
-    std::int64_t st[4] = {C * H * W, H * W, W, 1};
-    std::int64_t elems = N * C * H * W;
-    switch (lay) {
-      case Lay::kNchw: break;
-      case Lay::kNhwc: st[0] = H * W * C, st[1] = 1, st[2] = W * C, st[3] = C; break;
-      case Lay::kStrided:
-        st[0] = C * H * (W + 3), st[1] = H * (W + 3), st[2] = W + 3, st[3] = 1;
-        elems = N * C * H * (W + 3);
-        break;
-      case Lay::kNhwcStrided:
-        st[0] = H * (W + 3) * C, st[1] = 1, st[2] = (W + 3) * C, st[3] = C;
-        elems = N * H * (W + 3) * C;
-        break;
-    }
-    b.storage = Tensor::empty({elems + 1}, dt, dev);
-    b.storage.fill_bytes(0xCD);
-    b.view = TensorView(b.storage.view().data, dt, dev, {N, C, H, W}, {st[0], st[1], st[2], st[3]});
-    return b;
-  }
-
-  /// The same bytes and view on another device.
-  Buf to(Device dev) const {
-    Buf b;
-    b.storage = storage.to(dev);
-    b.view = view;
-    b.view.device = dev;
-    b.view.data = static_cast<char*>(b.storage.view().data) +
-                  (static_cast<const char*>(view.data) - static_cast<const char*>(storage.view().data));
-    return b;
-  }
-
-  /// Images [n0, n1) of the view.
-  TensorView images(std::int64_t n0, std::int64_t n1) const {
-    TensorView v = view;
-    v.sizes[0] = n1 - n0;
-    v.data = static_cast<char*>(view.data) + n0 * view.strides[0] * static_cast<std::int64_t>(dtype_size(view.dtype));
-    return v;
-  }
-};
+/// A 4-d view into a 1-d storage poisoned with 0xCD, on the CPU or the device (make_buf picks
+/// the layout's strides).
+using Buf = test::StridedBuf;
 
 /// Writes NCHW-ordered values into a CPU view (any strides), rounding to its dtype.
 void fill_view(const TensorView& v, const std::vector<double>& values) {
@@ -194,8 +132,8 @@ Problem make_problem(const Shape& s, DType dt, Lay lay, std::uint64_t seed) {
   p.pdt = dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
   p.lay = lay;
   const std::size_t n = static_cast<std::size_t>(s.N * s.C * s.H * s.W), C = static_cast<std::size_t>(s.C);
-  p.x = Buf::make(s, dt, lay, Device::cpu());
-  p.gy = Buf::make(s, dt, lay, Device::cpu());
+  p.x = make_buf(s, dt, lay, Device::cpu());
+  p.gy = make_buf(s, dt, lay, Device::cpu());
   // An offset mean per channel makes the two-pass moments matter; grad_y is centred.
   std::vector<double> xv = test::random_values(n, seed, -3, 3);
   const std::vector<double> off = test::random_values(C, seed + 1, -5, 5);
@@ -249,8 +187,8 @@ RunOut run(const Problem& p, Device dev, int ranks, const SyncBnOptions& opts, b
            bool caller_workspace = false) {
   RunOut out;
   const Buf x = p.x.to(dev), gy = p.gy.to(dev);
-  out.y = Buf::make(p.s, p.dt, p.lay, dev);
-  out.gx = Buf::make(p.s, p.dt, p.lay, dev);
+  out.y = make_buf(p.s, p.dt, p.lay, dev);
+  out.gx = make_buf(p.s, p.dt, p.lay, dev);
   const std::int64_t C = p.s.C;
   const Tensor weight = vec(p.weight, p.pdt, dev), bias = vec(p.bias, p.pdt, dev);
   out.ranks.resize(static_cast<std::size_t>(ranks));
@@ -467,7 +405,7 @@ TEST(SyncBnCudaWorkspace, TooSmallWorkspaceIsRejected) {
   DETOPS_REQUIRE_GPU();
   const Device dev = Device::cuda(0);
   const Problem p = make_problem(kShapes[0], DType::kFloat32, Lay::kNchw, 9500);
-  const Buf x = p.x.to(dev), y = Buf::make(p.s, p.dt, p.lay, dev);
+  const Buf x = p.x.to(dev), y = make_buf(p.s, p.dt, p.lay, dev);
   const Tensor mean = Tensor::zeros({p.s.C}, DType::kFloat64, dev), invstd = Tensor::zeros({p.s.C}, DType::kFloat64, dev);
   const std::size_t need = sync_batch_norm_forward_workspace_size(x.view);
   DeviceWorkspace small(need - 1, dev);

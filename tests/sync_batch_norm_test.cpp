@@ -184,7 +184,9 @@ Result run(const Problem& p, const Inputs& in, std::int64_t n0, std::int64_t n1,
   }
   sync_batch_norm_forward(xs, params, r.y, r.mean, r.invstd, comm, o, ctx);
   sync_batch_norm_backward(dys, xs, w, r.mean, r.invstd, r.dx, r.dw, r.db, comm, o, ctx);
-  if (scratch == Scratch::kOffsetAllocator) EXPECT_GT(offset_allocator.count.load(), 0);
+  if (scratch == Scratch::kOffsetAllocator) {
+    EXPECT_GT(offset_allocator.count.load(), 0);
+  }
   return r;
 }
 

@@ -2,8 +2,11 @@
 // bitwise comparisons, and seeded random problems shaped like detection workloads.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -128,6 +131,141 @@ inline double max_rel_error(const std::vector<double>& a, const std::vector<doub
   for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
   return e / m;
 }
+
+/// Largest |x| (0 for an empty vector).
+inline double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+/// Relative max error |a - b| / max |b|: measured against the reference's own magnitude (no floor
+/// of 1, unlike max_rel_error, so gradients of 0.04 are not judged on an absolute scale). Infinity
+/// when b is all zeros and a is not; 0 when both are.
+inline double max_error_to_peak(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
+  const double m = max_abs(b);
+  if (m == 0.0) return e == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return e / m;
+}
+
+/// Bit-level differences between two equally long vectors of values of dtype `dt` (each exactly
+/// representable in it): how many elements differ, and the largest distance between two of them
+/// in units in the last place of `dt` (adjacent representable values are 1 apart; +0 and -0 are 0).
+struct UlpDiff {
+  std::int64_t differing = 0;
+  std::int64_t max_ulps = 0;
+};
+inline std::int64_t ordered_bits(double x, DType dt) {
+  std::int64_t bits = 0, sign = 0;
+  switch (dt) {
+    case DType::kFloat64: {
+      std::uint64_t u;
+      std::memcpy(&u, &x, 8);
+      sign = static_cast<std::int64_t>(u >> 63);
+      bits = static_cast<std::int64_t>(u & 0x7fffffffffffffffull);
+      break;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const std::uint16_t u = dt == DType::kFloat16 ? from_double<Half>(x).bits : from_double<BFloat16>(x).bits;
+      sign = u >> 15;
+      bits = u & 0x7fff;
+      break;
+    }
+    default: {
+      const float f = static_cast<float>(x);
+      std::uint32_t u;
+      std::memcpy(&u, &f, 4);
+      sign = u >> 31;
+      bits = u & 0x7fffffff;
+      break;
+    }
+  }
+  return sign ? -bits : bits;
+}
+inline UlpDiff ulp_diff(const std::vector<double>& a, const std::vector<double>& b, DType dt) {
+  UlpDiff d;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(double)) == 0) continue;
+    ++d.differing;
+    const std::int64_t u = ordered_bits(a[i], dt) - ordered_bits(b[i], dt);
+    d.max_ulps = std::max(d.max_ulps, u < 0 ? -u : u);
+  }
+  return d;
+}
+
+/// The sizes of a 4-d NCHW-indexed problem.
+struct Shape {
+  std::int64_t N, C, H, W;
+};
+
+/// Where a [N, C, H, W] view sits in its storage: in a dense NCHW (or, channels_last, NHWC)
+/// buffer of [N, c_step * C, H, W + w_pad], the first W columns of every c_step-th channel,
+/// starting `offset` elements in. The defaults give a dense NCHW tensor.
+struct Placement {
+  bool channels_last = false;
+  std::int64_t w_pad = 0, c_step = 1, offset = 0;
+};
+
+/// A 4-d view into a 1-d storage poisoned with 0xCD, on the CPU or a device: the bytes between
+/// and around the view's elements (gaps a kernel must not write) are kept, so whole storages can
+/// be compared byte for byte. The per-op test headers name the placements of their layouts.
+struct StridedBuf {
+  Tensor storage;
+  TensorView view;
+
+  /// The storage holds the buffer of `p`, `p.offset` elements before it and one after it.
+  static StridedBuf make(const Shape& s, const Placement& p, DType dt, Device dev) {
+    const std::int64_t C2 = p.c_step * s.C, W2 = s.W + p.w_pad;
+    const std::int64_t elems = s.N * C2 * s.H * W2;
+    std::int64_t st[4] = {C2 * s.H * W2, s.H * W2, W2, 1};  // of the buffer, NCHW
+    if (p.channels_last) st[1] = 1, st[2] = W2 * C2, st[3] = C2;
+    st[1] *= p.c_step;
+    StridedBuf b;
+    b.storage = Tensor::empty({elems + p.offset + 1}, dt, dev);
+    b.storage.fill_bytes(0xCD);
+    char* base = static_cast<char*>(b.storage.view().data) + p.offset * static_cast<std::int64_t>(dtype_size(dt));
+    b.view = TensorView(base, dt, dev, {s.N, s.C, s.H, s.W}, {st[0], st[1], st[2], st[3]});
+    return b;
+  }
+
+  /// An independent CPU copy of a CPU buffer (storage bytes and the view at the same offset).
+  StridedBuf clone() const {
+    StridedBuf b;
+    b.storage = Tensor::empty({storage.numel()}, storage.view().dtype, Device::cpu());
+    std::memcpy(b.storage.view().data, storage.view().data, storage.nbytes());
+    b.view = rebased(b.storage);
+    return b;
+  }
+
+  /// The same bytes and view on another device.
+  StridedBuf to(Device dev) const {
+    StridedBuf b;
+    b.storage = storage.to(dev);
+    b.view = rebased(b.storage);
+    b.view.device = dev;
+    return b;
+  }
+
+  /// Images [n0, n1) of the view.
+  TensorView images(std::int64_t n0, std::int64_t n1) const {
+    TensorView v = view;
+    v.sizes[0] = n1 - n0;
+    v.data = static_cast<char*>(view.data) + n0 * view.strides[0] * static_cast<std::int64_t>(dtype_size(view.dtype));
+    return v;
+  }
+
+ private:
+  /// This view, moved to the same offset into `other` (a copy of the storage).
+  TensorView rebased(const Tensor& other) const {
+    TensorView v = view;
+    v.data = static_cast<char*>(other.view().data) +
+             (static_cast<const char*>(view.data) - static_cast<const char*>(storage.view().data));
+    return v;
+  }
+};
 
 }  // namespace test
 }  // namespace detops

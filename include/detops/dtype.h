@@ -1,8 +1,14 @@
 // Element types of detops tensors: DType, the 16-bit storage types Half and BFloat16, and the
 // accumulation-type trait. Conversions round to nearest even and are bit-identical on host and
-// device (the host path is portable, branch-free bit manipulation, which assumes the default
-// round-to-nearest mode like all host arithmetic of detops; the device path the CUDA intrinsics,
-// which implement the same IEEE rounding), so CPU and CUDA results agree to the last bit.
+// device for every value that is not a NaN (the host path is portable, branch-free bit
+// manipulation, which assumes the default round-to-nearest mode like all host arithmetic of
+// detops; the device path the CUDA intrinsics, which implement the same IEEE rounding), so CPU and
+// CUDA results agree to the last bit where no NaN is involved. A NaN converts to a NaN on both,
+// not necessarily to the same bits: the host keeps the sign and the top payload bits (half
+// 0x7e00 | payload, bfloat16 (x >> 16) | 0x40); the device intrinsics and GPU arithmetic need not
+// (bfloat16's software conversion below sm_80 returns 0x7fff for any NaN, and the PTX conversions
+// and arithmetic may return a canonical NaN). Compare NaN results across backends as a class,
+// not by their bits.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +72,8 @@ DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 #endif
 }
 
-// IEEE binary16, round to nearest even, with overflow to inf, subnormals and NaN kept (quiet, the
-// top 10 payload bits). Branch-free, so that the CPU loops storing half vectorize: every case is
+// IEEE binary16 on the host, round to nearest even, with overflow to inf, subnormals, and NaN kept
+// (quiet, with its sign and top 10 payload bits; the device's __float2half_rn need not keep them). Branch-free, so that the CPU loops storing half vectorize: every case is
 // computed and one is selected.
 //   * normal results: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest
 //     even by adding 0xfff plus the kept last bit before the shift (a carry may step into the
@@ -106,7 +112,8 @@ DETOPS_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) {
   return bits_float(sign | magnitude);
 }
 
-// bfloat16 is the top half of a float32: round to nearest even, NaN kept quiet.
+// bfloat16 is the top half of a float32: round to nearest even; on the host a NaN is kept quiet
+// with its sign and payload (the device's __float2bfloat16_rn need not: below sm_80 it returns 0x7fff).
 DETOPS_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits(float f) {
   const std::uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);

@@ -1,8 +1,9 @@
 // RoIAlign forward and backward on CPU and CUDA, with the semantics of torchvision.ops.roi_align
 // (avg pooling), detectron2 ROIAlign and mmcv RoIAlign (avg and max pooling), and three backward
 // modes: atomic (fast, not reproducible on GPUs), truncated (the "round to half, sum in double"
-// trick: reproducible in practice, not guaranteed) and exact (bitwise reproducible by
-// construction: same bits across runs, CPU thread counts, and CPU vs CUDA).
+// trick: reproducible in practice for float32/float16/bfloat16, not guaranteed; for float64 the
+// same bits on every run and backend) and exact (bitwise reproducible by construction: same bits
+// across runs, CPU thread counts, and CPU vs CUDA).
 //
 // Shapes (any non-negative strides, negative ones are rejected; NCHW and NHWC are both native,
 // read from the strides):
@@ -36,8 +37,9 @@
 //
 // CUDA: work is enqueued on Context::cuda_stream. Validating device-resident rois needs their
 // values on the host, so with check_rois (the default) a call waits once on its stream for a
-// small verdict; with check_rois = false it never waits (except exact-mode backward with
-// adaptive sampling, whose workspace size depends on the rois) and invalid rows produce zeros.
+// small verdict; with check_rois = false it never waits (except the exact-mode backward, and the
+// float64 truncated one, with adaptive sampling, whose workspace size depends on the rois) and
+// invalid rows produce zeros.
 #pragma once
 
 #include <cstddef>
@@ -56,11 +58,17 @@ enum class BackwardMode : std::uint8_t {
   /// Fastest on GPUs; the summation order, and so the rounding, changes from run to run there.
   kAtomic,
   /// Round each incoming gradient to a narrow format (TruncationFormat), compute and accumulate
-  /// contributions in double (double atomics on CUDA, into workspace), round each sum to
-  /// grad_input's dtype. Run-to-run differences need a double-precision reordering error to cross
-  /// a rounding boundary of the output format, so they are rare but not excluded: measured, a
-  /// few elements in 28M per reordering at sampling_ratio 0 (adaptive), none seen at 2. Not
-  /// guaranteed; kExact is.
+  /// contributions in double (double atomics on CUDA, into workspace; float64 below), round each
+  /// sum to grad_input's dtype. float32, float16, bfloat16: run-to-run differences need a
+  /// double-precision reordering error to cross a rounding boundary of the output format, so they
+  /// are rare but not excluded: measured, a few elements in 28M per reordering at sampling_ratio 0
+  /// (adaptive: about 1e-7 per element), none seen at 2. Not guaranteed; kExact is.
+  /// float64: bitwise reproducible, and the same bits on the CPU and CUDA. There the double sums
+  /// are the result (nothing rounds a reordering away: with double atomics about 40% of the
+  /// elements would change between runs), so CUDA does not use atomics for float64: it enumerates
+  /// the contributions and sorts them by position as kExact does, then adds each position's
+  /// truncated contributions in double in the order the CPU adds them. It has kExact's cost and
+  /// workspace, and with adaptive sampling its workspace query waits on the stream as kExact's does.
   kTruncated,
   /// No floating-point atomics: the (position, weight, bin) contributions are enumerated once,
   /// stably sorted by position (CUB radix sort on CUDA, a stable counting sort on the CPU), and each
@@ -101,8 +109,9 @@ void roi_align_forward(const TensorView& input, const TensorView& rois, const Te
                        const RoiAlignOptions& options, const Context& ctx = {},
                        const TensorView& argmax = {});
 
-/// Bytes of workspace roi_align_backward needs for these arguments (0 for kAtomic; for kExact
-/// with adaptive sampling on CUDA this reads the rois and so waits on the stream).
+/// Bytes of workspace roi_align_backward needs for these arguments (0 for kAtomic; for kExact,
+/// and kTruncated with a float64 grad_input, with adaptive sampling on CUDA this reads the rois
+/// and so waits on the stream).
 std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, const TensorView& rois,
                                               const TensorView& grad_input, const RoiAlignOptions& options,
                                               const RoiAlignBackwardOptions& backward,

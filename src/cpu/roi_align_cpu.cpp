@@ -726,9 +726,11 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
   });
 }
 
+bool uses_slots(const RoiAlignCall&, BackwardMode mode) { return mode == BackwardMode::kExact; }
+
 }  // namespace
 
-extern const RoiAlignBackend kRoiAlignCpu = {&check_rois, &forward, &backward_workspace, &backward};
+extern const RoiAlignBackend kRoiAlignCpu = {&check_rois, &forward, &backward_workspace, &backward, &uses_slots};
 
 }  // namespace internal
 }  // namespace detops

@@ -1,6 +1,7 @@
 // What the FrozenBatchNorm2d entry points hand to a backend after validation.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <type_traits>
 
@@ -80,6 +81,50 @@ detail::FrozenBnArgs<T> make_frozen_bn_args(const FrozenBnCall& call, bool add, 
   p.N = call.input.sizes[0], p.C = call.input.sizes[1], p.H = call.input.sizes[2], p.W = call.input.sizes[3];
   p.add = add, p.relu = relu;
   return p;
+}
+
+/// Elements of T per 16-byte vector of the CUDA fast path.
+template <class T>
+constexpr int frozen_bn_vector_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+/// The CUDA launcher's choice of the dense vector bodies (detail::frozen_bn_forward_vec /
+/// frozen_bn_backward_vec): taken when every view shares one dense layout, no vector straddles a
+/// channel boundary (NCHW: H*W % V == 0; NHWC: C % V == 0) and every pointer is 16-byte aligned.
+/// Here rather than in the .cu file so that the emulated-grid test makes the same choice.
+template <class T>
+struct FrozenBnVecPlan {
+  bool use = false;
+  bool nhwc = false;
+  detail::FrozenBnVecArgs<T> args{};
+};
+
+template <class T>
+FrozenBnVecPlan<T> frozen_bn_vec_plan(const FrozenBnCall& call) {
+  constexpr int V = frozen_bn_vector_width<T>();
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
+  const TensorView& ref = call.input;
+  const std::int64_t N = ref.sizes[0], C = ref.sizes[1], HW = ref.sizes[2] * ref.sizes[3];
+  FrozenBnVecPlan<T> plan;
+  const std::optional<Layout> dense = frozen_bn_dense_layout(call);
+  const bool lanes_fit = (dense == Layout::kNCHW && HW % V == 0) || (dense == Layout::kNHWC && C % V == 0);
+  const bool aligned = aligned16(call.input.data) && aligned16(call.output.data) &&
+                       (!call.aux.data || aligned16(call.aux.data)) &&
+                       (!call.grad_residual.data || aligned16(call.grad_residual.data));
+  if (!lanes_fit || !aligned) return plan;
+  plan.use = true;
+  plan.nhwc = dense == Layout::kNHWC;
+  plan.args.a = static_cast<const T*>(call.input.data);
+  plan.args.b = static_cast<const T*>(call.aux.data);
+  plan.args.out = static_cast<T*>(call.output.data);
+  plan.args.out2 = static_cast<T*>(call.grad_residual.data);
+  plan.args.scale = static_cast<const acc_t<T>*>(call.scale.data);
+  plan.args.shift = static_cast<const acc_t<T>*>(call.shift.data);
+  plan.args.nvec = N * C * HW / V;
+  plan.args.C = C;
+  plan.args.HW = HW;
+  return plan;
 }
 
 }  // namespace internal

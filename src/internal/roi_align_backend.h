@@ -53,18 +53,20 @@ inline std::int64_t exact_slot_capacity(const detail::RoiAlignShape& s, const Ro
 }
 
 /// The exact mode's slot arrays in a workspace: add_records() sizes one set (keys and ids only
-/// when `with_keys`), take_records() takes it back in the same order after bind().
+/// when `with_keys`; divisors only with `with_divisors`, CUDA's float64 truncated mode),
+/// take_records() takes it back in the same order after bind(), with the same `with_divisors`.
 template <class A>
-void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys) {
+void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys, bool with_divisors = false) {
   l.add<std::uint64_t>(with_keys ? cap : 0);
   l.add<std::int64_t>(with_keys ? cap : 0);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
   l.add<std::int64_t>(cap);
   l.add<std::int32_t>(cap);
+  if (with_divisors) l.add<double>(cap);
 }
 template <class A>
-detail::ExactRecords<A> take_records(WorkspaceLayout& l) {
+detail::ExactRecords<A> take_records(WorkspaceLayout& l, bool with_divisors = false) {
   detail::ExactRecords<A> r;
   r.keys = l.take<std::uint64_t>();
   r.ids = l.take<std::int64_t>();
@@ -72,6 +74,7 @@ detail::ExactRecords<A> take_records(WorkspaceLayout& l) {
   r.go_offsets = l.take<std::int64_t>();
   r.am_offsets = l.take<std::int64_t>();
   r.samples = l.take<std::int32_t>();
+  r.divisors = with_divisors ? l.take<double>() : nullptr;
   return r;
 }
 
@@ -96,6 +99,7 @@ detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::E
   ga.gi = strides4(call.features);
   ga.shape = call.shape;
   ga.max_pool = call.max_pool;
+  ga.divisors = sorted.divisors;  // null unless CUDA's float64 truncated mode (set ga.rounding too)
   return ga;
 }
 
@@ -111,6 +115,11 @@ struct RoiAlignBackend {
   /// The backward into call.features (grad_input); ws is the layout's memory, kWorkspaceAlign-aligned.
   void (*backward)(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
                    const Context& ctx, Workspace ws);
+  /// Whether the backward in `mode` enumerates (position, weight, bin) slots, 4 per sample, so its
+  /// workspace follows the sample count: the exact mode everywhere; on CUDA also the float64
+  /// truncated mode, which runs the exact mode's phases so that its double sums come out in the
+  /// CPU's order (double atomics would leave the scheduling order in them).
+  bool (*uses_slots)(const RoiAlignCall& call, BackwardMode mode);
 };
 extern const RoiAlignBackend kRoiAlignCpu;
 extern const RoiAlignBackend kRoiAlignCuda;

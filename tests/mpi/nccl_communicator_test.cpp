@@ -4,9 +4,10 @@
 //     (staged through a device buffer), zero bytes, a device other than the communicator's refused;
 //   - SyncBatchNorm forward and backward on CUDA tensors over NcclCommunicator: the bits of the
 //     CPU backend with communicator nullptr (both modes, NCHW and NHWC, float32 and float64), and
-//     the same bits for CPU tensors over NcclCommunicator (the host-staging path). With one rank
-//     the one-call path gathers nothing (size 1 needs no exchange), so these check the CUDA
-//     backend and the communicator's plumbing, not NCCL's transport;
+//     the same bits for CPU tensors with the NcclCommunicator passed. With one rank the one-call
+//     path gathers nothing (size 1 needs no exchange: no header, no records, so no host staging
+//     either), so these check the CUDA backend and the communicator's plumbing, not NCCL's
+//     transport; host buffers staged through the device are AllGatherDeviceAndHost's;
 //   - the forward phases driven by hand with every record moved by ncclAllGather on the stream
 //     (device records, as a multi-rank run moves them): the one-call CPU bits.
 // NCCL allows one rank per GPU: more ranks need more GPUs (not available where this runs).
@@ -192,7 +193,10 @@ TEST_P(NcclSyncBatchNorm, CudaOverNcclIsTheCpuBits) {
   cudaStream_t stream = stream_;
   Result cpu = run(Device::cpu(), dtype, layout, mode, nullptr, nullptr);
   Result cuda = run(Device::cuda(0), dtype, layout, mode, &comm, stream);
-  Result staged = run(Device::cpu(), dtype, layout, mode, &comm, nullptr);  // CPU tensors, host staging
+  // CPU tensors with the NcclCommunicator passed: with one rank neither the header exchange nor the
+  // record gathers run (size 1), so nothing is staged through the device here; this checks that
+  // passing the communicator changes nothing. The host-staging path itself is AllGatherDeviceAndHost's.
+  Result staged = run(Device::cpu(), dtype, layout, mode, &comm, nullptr);
   const char* names[] = {"y", "save_mean", "save_invstd", "running_mean", "running_var", "num_batches_tracked",
                          "grad_x", "grad_weight", "grad_bias"};
   const auto a = cpu.all(), b = cuda.all(), c = staged.all();

@@ -244,15 +244,55 @@ DETOPS_HOST_DEVICE inline std::int64_t roi_sample_count(const RoiSource& rois, s
   return box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
 }
 
+/// The roi check, one roi per thread: k in [0, K). Hands an invalid row's index to
+/// `report_bad(k)` (the CUDA kernel keeps the smallest with an integer atomicMin, which does not
+/// depend on the order) and, when `counts` is given, stores the roi's samples (0 when invalid).
+template <class A, class ReportBad>
+DETOPS_HOST_DEVICE inline void roi_align_check_element(std::int64_t k, const RoiSource& rois, const RoiAlignShape& s,
+                                                       std::int64_t* counts, ReportBad&& report_bad) {
+  double row[5];
+  load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row);
+  const RoiBox<A> box = make_roi_box<A>(row[0], row + 1, s);
+  const bool ok = box.status == RoiStatus::kOk;
+  if (!ok) report_bad(k);
+  if (counts) counts[k] = ok ? box.grid_h * box.grid_w * s.PH * s.PW : 0;
+}
+
+/// Per-roi sample counts for the exact mode's slot offsets, one entry per thread: k in
+/// [0, K + 1); entry K is 0, so an exclusive scan over K + 1 entries ends with the total.
+template <class A>
+DETOPS_HOST_DEVICE inline void roi_align_count_element(std::int64_t k, const RoiSource& rois, const RoiAlignShape& s,
+                                                       std::int64_t* counts) {
+  counts[k] = k < s.K ? roi_sample_count<A>(rois, k, s) : 0;
+}
+
 template <class A>
 struct ExactRecords {
   std::uint64_t* keys;      // position n*H*W + y*W + x, or the sentinel N*H*W for "no contribution"
   std::int64_t* ids;        // slot index (the sort's payload)
-  A* weights;               // bilinear weight, divided by count for avg pooling
+  A* weights;               // bilinear weight, divided by count for avg pooling (but see divisors)
   std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]
   std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling)
   std::int32_t* samples;     // iy*grid_w + ix within the bin (max pooling)
+  /// Only in CUDA's float64 truncated mode (null otherwise): each slot's divisor (count for avg
+  /// pooling, 1 for max), and `weights` then holds the bare bilinear weight, so that phase 3 forms
+  /// each contribution exactly as the scatter does, (g * w) / count.
+  double* divisors = nullptr;
 };
+
+/// Sets every field of slot j (one slot per thread: j in [0, cap)) before phase 1, so that slots
+/// no roi fills (invalid rows, unchecked) sort last with the sentinel and are fully defined.
+template <class A>
+DETOPS_HOST_DEVICE inline void roi_align_exact_init_slot(std::int64_t j, const ExactRecords<A>& rec,
+                                                         std::uint64_t sentinel) {
+  rec.keys[j] = sentinel;
+  rec.ids[j] = j;
+  rec.weights[j] = A(0);
+  rec.go_offsets[j] = 0;
+  rec.am_offsets[j] = 0;
+  rec.samples[j] = -1;
+  if (rec.divisors) rec.divisors[j] = 1.0;
+}
 
 template <class A>
 struct EnumerateArgs {
@@ -294,7 +334,12 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
       for (int q = 0; q < 4; ++q) {
         a.rec.keys[j + q] = b.valid ? plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]) : sentinel;
         a.rec.ids[j + q] = j + q;
-        a.rec.weights[j + q] = b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0);
+        if (a.rec.divisors) {  // truncated: the bare weight and the scatter's divisor
+          a.rec.weights[j + q] = b.valid ? ws[q] : A(0);
+          a.rec.divisors[j + q] = a.max_pool ? 1.0 : static_cast<double>(per_bin);
+        } else {
+          a.rec.weights[j + q] = b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0);
+        }
         a.rec.go_offsets[j + q] = go_offset;
         a.rec.am_offsets[j + q] = am_offset;
         a.rec.samples[j + q] = static_cast<std::int32_t>(sample);
@@ -321,6 +366,10 @@ struct GatherArgs {
   Strides4 gi;
   RoiAlignShape shape;
   bool max_pool;
+  /// CUDA's float64 truncated mode only: the slots' divisors in sorted order, and the rounding of
+  /// incoming gradients (roi_align_truncated_gather_element).
+  const double* divisors = nullptr;
+  GradRounding rounding = GradRounding::kNone;
 };
 
 /// Whether sorted slot r contributes to channel c (max pooling: only the bin's winning sample).
@@ -361,6 +410,28 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std
   to.go_offsets[r] = from.go_offsets[j];
   to.am_offsets[r] = from.am_offsets[j];
   to.samples[r] = from.samples[j];
+  if (from.divisors) to.divisors[r] = from.divisors[j];
+}
+
+/// Phase 3's thread t -> its (run, channel) and grad_input offset (-1 for a sentinel run).
+struct GatherTarget {
+  std::int64_t run, c, offset;
+};
+template <class T>
+DETOPS_HOST_DEVICE inline GatherTarget gather_target(std::int64_t t, const GatherArgs<T>& a, bool channels_last,
+                                                     std::int64_t runs) {
+  const RoiAlignShape& s = a.shape;
+  GatherTarget g;
+  if (channels_last) {
+    g.c = t % s.C;
+    g.run = t / s.C;
+  } else {
+    g.run = t % runs;
+    g.c = t / runs;
+  }
+  const std::uint64_t key = a.run_keys[g.run];
+  g.offset = key >= static_cast<std::uint64_t>(s.N * s.H * s.W) ? -1 : exact_run_target(a, key) + g.c * a.gi.s1;
+  return g;
 }
 
 /// Phase 3, one (run, channel) per thread: t in [0, runs*C), channel-fastest when grad_input
@@ -368,18 +439,67 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std
 template <class T>
 DETOPS_HOST_DEVICE inline void roi_align_exact_gather_element(std::int64_t t, const GatherArgs<T>& a,
                                                               bool channels_last, std::int64_t runs) {
-  const RoiAlignShape& s = a.shape;
-  std::int64_t run, c;
-  if (channels_last) {
-    c = t % s.C;
-    run = t / s.C;
-  } else {
-    run = t % runs;
-    c = t / runs;
+  const GatherTarget g = gather_target(t, a, channels_last, runs);
+  if (g.offset >= 0) a.grad_input[g.offset] = from_acc<T>(exact_run_sum(a, g.run, g.c));
+}
+
+// CUDA's float64 truncated mode. Double atomics would add in scheduling order, and with a float64
+// grad_input nothing rounds the reordering away afterwards (about 40% of the elements would change
+// between runs). So it reuses the exact mode's phases 1 and 2, with bare weights and divisors
+// (ExactRecords::divisors), and phase 3 adds the scatter's contributions, (g * w) / count with g
+// rounded to float16 or bfloat16, in double, in sorted slot order: the order (roi, bin, sample,
+// corner) in which the CPU backend's scatter adds them into its double buffer. So it gives the
+// CPU's bits, on every run.
+
+/// The truncated sum of one run for one channel.
+template <class T>
+DETOPS_HOST_DEVICE inline double truncated_run_sum(const GatherArgs<T>& a, std::int64_t run, std::int64_t c) {
+  const std::int64_t begin = a.run_offsets[run], end = begin + a.run_lengths[run];
+  double acc = 0.0;
+  for (std::int64_t r = begin; r < end; ++r) {
+    if (!exact_slot_active(a, r, c)) continue;
+    const double g = truncate_gradient(static_cast<double>(to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c])),
+                                       a.rounding);
+    acc += g * static_cast<double>(a.weights[r]) / a.divisors[r];
   }
-  const std::uint64_t key = a.run_keys[run];
-  if (key >= static_cast<std::uint64_t>(s.N * s.H * s.W)) return;
-  a.grad_input[exact_run_target(a, key) + c * a.gi.s1] = from_acc<T>(exact_run_sum(a, run, c));
+  return acc;
+}
+
+/// Phase 3 of the truncated mode, one (run, channel) per thread, as roi_align_exact_gather_element;
+/// each sum rounded once to grad_input's dtype.
+template <class T>
+DETOPS_HOST_DEVICE inline void roi_align_truncated_gather_element(std::int64_t t, const GatherArgs<T>& a,
+                                                                  bool channels_last, std::int64_t runs) {
+  const GatherTarget g = gather_target(t, a, channels_last, runs);
+  if (g.offset >= 0) a.grad_input[g.offset] = from_double<T>(truncated_run_sum(a, g.run, g.c));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-tensor passes over a strided grad_input: one element per thread, i in [0, N*C*H*W) in
+// NCHW order.
+
+/// Offset (in elements) of the i-th NCHW-ordered element of a strided [N, C, H, W] tensor.
+DETOPS_HOST_DEVICE inline std::int64_t nchw_element_offset(std::int64_t i, const Strides4& st, std::int64_t C,
+                                                           std::int64_t H, std::int64_t W) {
+  const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
+  return b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3;
+}
+
+/// Zeroes element i of a strided tensor (the CUDA backend's zero fill when a memset cannot do it:
+/// gaps between the elements must keep their bytes).
+template <class T>
+DETOPS_HOST_DEVICE inline void fill_zero_element(std::int64_t i, T* p, const Strides4& st, std::int64_t C,
+                                                 std::int64_t H, std::int64_t W) {
+  p[nchw_element_offset(i, st, C, H, W)] = from_acc<T>(acc_t<T>(0));
+}
+
+/// The truncated mode's last step: element i of the dense NCHW double accumulator, rounded once
+/// (to nearest even) into the strided grad_input.
+template <class T>
+DETOPS_HOST_DEVICE inline void roi_align_truncated_store_element(std::int64_t i, const double* buf, T* p,
+                                                                 const Strides4& st, std::int64_t C, std::int64_t H,
+                                                                 std::int64_t W) {
+  p[nchw_element_offset(i, st, C, H, W)] = from_double<T>(buf[i]);
 }
 
 }  // namespace detail

@@ -96,49 +96,39 @@ DETOPS_HOST_DEVICE inline T sbn_tree_reduce(T* r, std::int64_t k, const T& empty
   return r[0];
 }
 
-/// Moments of one chunk of `len` (1..kSbnChunk) values, load(i) giving value i as float64.
-/// Lane t accumulates the values t, t + 32, ... in order (written blocked, so that the CPU
+/// sbn_lane_tree of the lanes of one chunk of `len` values, load(i) giving value i as float64:
+/// lane t adds load(t), load(t + 32), ... in order from 0.0 (written blocked, so that the CPU
 /// vectorizes it; the order of each lane is the same).
 template <class Load>
-DETOPS_HOST_DEVICE DETOPS_FORCEINLINE SbnMoments sbn_chunk_moments(const Load& load, std::int64_t len) {
+DETOPS_HOST_DEVICE DETOPS_FORCEINLINE double sbn_chunk_lane_total(const Load& load, std::int64_t len) {
   double lanes[kSbnLanes];
   for (int t = 0; t < kSbnLanes; ++t) lanes[t] = 0.0;
   std::int64_t k = 0;
   for (; k + kSbnLanes <= len; k += kSbnLanes)
     for (int t = 0; t < kSbnLanes; ++t) lanes[t] = lanes[t] + load(k + t);
   for (int t = 0; k + t < len; ++t) lanes[t] = lanes[t] + load(k + t);
-  const double mean = sbn_lane_tree(lanes) / static_cast<double>(len);
-  for (int t = 0; t < kSbnLanes; ++t) lanes[t] = 0.0;
-  for (k = 0; k + kSbnLanes <= len; k += kSbnLanes)
-    for (int t = 0; t < kSbnLanes; ++t) {
-      const double d = load(k + t) - mean;
-      lanes[t] = lanes[t] + d * d;
-    }
-  for (int t = 0; k + t < len; ++t) {
-    const double d = load(k + t) - mean;
-    lanes[t] = lanes[t] + d * d;
-  }
-  return {len, mean, sbn_lane_tree(lanes)};
+  return sbn_lane_tree(lanes);
 }
 
-/// Backward default mode: sums of dy and dy * (x - mean) over one chunk, same lane structure.
+/// Moments of one chunk of `len` (1..kSbnChunk) values, load(i) giving value i as float64: the
+/// lanes' sum, then the lanes' sum of squared deviations from that mean.
+template <class Load>
+DETOPS_HOST_DEVICE DETOPS_FORCEINLINE SbnMoments sbn_chunk_moments(const Load& load, std::int64_t len) {
+  const double mean = sbn_chunk_lane_total(load, len) / static_cast<double>(len);
+  auto sq = [&](std::int64_t i) -> double {
+    const double d = load(i) - mean;
+    return d * d;
+  };
+  return {len, mean, sbn_chunk_lane_total(sq, len)};
+}
+
+/// Backward default mode: sums of dy and dy * (x - mean) over one chunk, same lane structure
+/// (one lane set after the other: each lane adds the same terms in the same order either way,
+/// and one set of 32 lanes at a time needs fewer registers on the device than both).
 template <class LoadDy, class LoadX>
 DETOPS_HOST_DEVICE DETOPS_FORCEINLINE SbnSums sbn_chunk_sums(const LoadDy& dy, const LoadX& x, double mean, std::int64_t len) {
-  double a[kSbnLanes], b[kSbnLanes];
-  for (int t = 0; t < kSbnLanes; ++t) a[t] = 0.0, b[t] = 0.0;
-  std::int64_t k = 0;
-  for (; k + kSbnLanes <= len; k += kSbnLanes)
-    for (int t = 0; t < kSbnLanes; ++t) {
-      const double g = dy(k + t);
-      a[t] = a[t] + g;
-      b[t] = b[t] + g * (x(k + t) - mean);
-    }
-  for (int t = 0; k + t < len; ++t) {
-    const double g = dy(k + t);
-    a[t] = a[t] + g;
-    b[t] = b[t] + g * (x(k + t) - mean);
-  }
-  return {sbn_lane_tree(a), sbn_lane_tree(b)};
+  auto prod = [&](std::int64_t i) -> double { return dy(i) * (x(i) - mean); };
+  return {sbn_chunk_lane_total(dy, len), sbn_chunk_lane_total(prod, len)};
 }
 
 /// Chunks of a channel with `count` = N*H*W elements.
@@ -405,13 +395,49 @@ DETOPS_HOST_DEVICE inline sbn_i128 sbn_add_i128(sbn_i128 a, sbn_i128 b) {
   return static_cast<sbn_i128>(static_cast<sbn_u128>(a) + static_cast<sbn_u128>(b));
 }
 
+/// The stack depth the finalize kernels are compiled for, given the rank count: the rank tree
+/// below holds at most bit_length(ranks) partial results, so kDepth entries serve ranks < 2^kDepth.
+/// 8 and 16 keep a thread's stack frame small (a few hundred bytes, within the 1 KB the driver
+/// reserves per thread without growing); 64 (the CPU's) serves every int64 count.
+inline int sbn_rank_depth(std::int64_t ranks) {
+  return ranks < (std::int64_t{1} << 8) ? 8 : ranks < (std::int64_t{1} << 16) ? 16 : 64;
+}
+
+/// Whether sbn_rank_tree<kDepth> can take `ranks` values (ranks < 2^kDepth; always at 63 and up).
+template <int kDepth>
+DETOPS_HOST_DEVICE inline bool sbn_rank_tree_fits(std::int64_t ranks) {
+  if constexpr (kDepth < 63) return (ranks >> kDepth) == 0;
+  return true;
+}
+
+/// The fixed pairwise tree over the ranks' values load(0..ranks) (sbn_tree_reduce's order),
+/// evaluated without an array of ranks: a stack of perfect subtrees, the binary counter of the
+/// ranks added so far (rank r merges once per trailing one bit of r), combined right to left at
+/// the end. Needs ranks < 2^kDepth (callers check sbn_rank_tree_fits first).
+template <int kDepth, class R, class Load>
+DETOPS_HOST_DEVICE inline R sbn_rank_tree(std::int64_t ranks, const Load& load, const R& empty) {
+  R stack[kDepth];
+  int top = 0;
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    R m = load(r);
+    for (std::int64_t t = r; t & 1; t >>= 1) m = sbn_merge(stack[--top], m);
+    stack[top++] = m;
+  }
+  if (top == 0) return empty;
+  R m = stack[top - 1];
+  for (int i = top - 2; i >= 0; --i) m = sbn_merge(stack[i], m);
+  return m;
+}
+
 /// Global mean and biased variance of channel c. Default mode: the ranks' moments merged in
-/// rank order (the fixed tree over ranks, done with a stack of at most 64 partial results).
+/// rank order (sbn_rank_tree with a stack of kDepth partial results). More ranks than kDepth
+/// serves (a launcher's mistake; never with the CPU's 64): NaN statistics, as garbage counts.
+template <int kDepth = 64>
 DETOPS_HOST_DEVICE inline SbnMoments sbn_global_moments(const SbnFinalizeArgs& a, std::int64_t c) {
   // garbage counts (negative, or overflowing; exact mode: 2^39 or more): NaN statistics;
   // otherwise no partial count of the merges below can overflow
   const std::int64_t n = sbn_forward_count(a.gathered, a.ranks, a.words, a.exact);
-  if (n < 0) {
+  if (n < 0 || !sbn_rank_tree_fits<kDepth>(a.ranks)) {
     const double nan = ::nan("");
     return {-1, nan, nan};
   }
@@ -437,29 +463,11 @@ DETOPS_HOST_DEVICE inline SbnMoments sbn_global_moments(const SbnFinalizeArgs& a
     m.m2 = var * dn;
     return m;
   }
-  // Default mode: tree over ranks, evaluated like sbn_tree_reduce without an array: a pairwise
-  // tree level by level equals the binary-counter order below (a stack of perfect subtrees,
-  // combined right to left at the end).
-  SbnMoments stack[64];
-  std::int64_t sizes[64];
-  int top = 0;
-  for (std::int64_t r = 0; r < a.ranks; ++r) {
+  auto load = [&](std::int64_t r) {
     const std::int64_t* rec = a.gathered + r * a.words;
-    SbnMoments m{rec[0], sbn_word_double(rec[1 + 2 * c]), sbn_word_double(rec[2 + 2 * c])};
-    std::int64_t size = 1;
-    while (top > 0 && sizes[top - 1] == size) {
-      m = sbn_merge(stack[top - 1], m);
-      size *= 2;
-      --top;
-    }
-    stack[top] = m;
-    sizes[top] = size;
-    ++top;
-  }
-  if (top == 0) return {0, 0.0, 0.0};
-  SbnMoments m = stack[top - 1];
-  for (int i = top - 2; i >= 0; --i) m = sbn_merge(stack[i], m);
-  return m;
+    return SbnMoments{rec[0], sbn_word_double(rec[1 + 2 * c]), sbn_word_double(rec[2 + 2 * c])};
+  };
+  return sbn_rank_tree<kDepth>(a.ranks, load, SbnMoments{0, 0.0, 0.0});
 }
 
 /// num_batches_tracked + 1, saturating at INT64_MAX (the count never wraps to a negative factor).
@@ -470,9 +478,10 @@ DETOPS_HOST_DEVICE inline std::int64_t sbn_next_count(std::int64_t n) {
 /// Channel c of the forward's finalize: save_mean, save_invstd and the running statistics.
 /// Global count 0: mean 0, invstd 0; count 1: var 0. Running statistics (and
 /// num_batches_tracked) change only when the global count is at least 2 (the unbiased variance
-/// M2 / (n - 1) needs it).
+/// M2 / (n - 1) needs it). kDepth: sbn_global_moments's.
+template <int kDepth = 64>
 DETOPS_HOST_DEVICE inline void sbn_finalize_channel(const SbnFinalizeArgs& a, std::int64_t c) {
-  const SbnMoments m = sbn_global_moments(a, c);
+  const SbnMoments m = sbn_global_moments<kDepth>(a, c);
   if (m.n < 0) {  // garbage counts
     a.save_mean[c] = m.mean;
     a.save_invstd[c] = m.mean;
@@ -534,6 +543,9 @@ DETOPS_HOST_DEVICE inline void sbn_finalize_backward_count(const SbnBackwardFina
   a.sums[2 * a.channels] = n < 0 ? ::nan("") : static_cast<double>(n);
 }
 
+/// Channel c of the backward's finalize: the global sums (default mode: sbn_rank_tree of depth
+/// kDepth; more ranks than it serves: NaN sums) and this rank's grad_weight and grad_bias.
+template <int kDepth = 64>
 DETOPS_HOST_DEVICE inline void sbn_finalize_backward_channel(const SbnBackwardFinalizeArgs& a, std::int64_t c) {
   SbnSums total{0.0, 0.0};
   if (a.exact) {
@@ -543,26 +555,11 @@ DETOPS_HOST_DEVICE inline void sbn_finalize_backward_channel(const SbnBackwardFi
       sg = sbn_add_i128(sg, sbn_load_i128(a.gathered + r * a.words + 3 + 4 * c));
     }
     total = {sbn_exact_sum(sdy, a.exponents[c]), sbn_exact_sum(sg, a.exponents[a.channels + c])};
+  } else if (sbn_rank_tree_fits<kDepth>(a.ranks)) {
+    auto load = [&](std::int64_t r) { return sbn_record_sums(a, a.gathered + r * a.words, c); };
+    total = sbn_rank_tree<kDepth>(a.ranks, load, SbnSums{0.0, 0.0});
   } else {
-    SbnSums stack[64];
-    std::int64_t sizes[64];
-    int top = 0;
-    for (std::int64_t r = 0; r < a.ranks; ++r) {
-      SbnSums s = sbn_record_sums(a, a.gathered + r * a.words, c);
-      std::int64_t size = 1;
-      while (top > 0 && sizes[top - 1] == size) {
-        s = sbn_merge(stack[top - 1], s);
-        size *= 2;
-        --top;
-      }
-      stack[top] = s;
-      sizes[top] = size;
-      ++top;
-    }
-    if (top > 0) {
-      total = stack[top - 1];
-      for (int i = top - 2; i >= 0; --i) total = sbn_merge(stack[i], total);
-    }
+    total = {::nan(""), ::nan("")};
   }
   a.sums[c] = total.dy;
   a.sums[a.channels + c] = total.dyxmu;
