@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Checks that README.md's C++ snippets are the examples' code (ctest detops_readme_snippets).
+"""Checks that README.md's C++ and Python snippets are the examples' code (ctest detops_readme_snippets).
 
-Every ```cpp block of the Markdown file must follow (on the line before its fence) a tag
+Every ```cpp and ```python block of the Markdown file must follow (on the line before its fence)
+a tag
 
     <!-- snippet: examples/01_roi_align.cpp roi_align -->
 
 and equal, line for line, the region of that file between `// [readme:roi_align]` and
-`// [/readme:roi_align]`, with the region's common indentation removed. The examples are built
+`// [/readme:roi_align]` (`# [readme:...]` in a .py file), with the region's common indentation
+removed. The examples are built
 and run by CI, so a snippet that compiles and works there cannot drift in the README.
 
 Usage: check_readme_snippets.py [--root DIR] [README.md ...]   (default: README.md under DIR,
@@ -22,16 +24,17 @@ import sys
 import textwrap
 
 TAG = re.compile(r"^<!--\s*snippet:\s*(\S+)\s+(\S+)\s*-->\s*$")
-FENCE_OPEN = re.compile(r"^```\s*(cpp|c\+\+)\s*$")
+FENCE_OPEN = re.compile(r"^```\s*(cpp|c\+\+|python)\s*$")
 
 
 def region(path: pathlib.Path, name: str) -> list[str]:
-    """The lines between // [readme:name] and // [/readme:name], dedented."""
+    """The lines between // [readme:name] and // [/readme:name] (# in Python), dedented."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    begin = [i for i, line in enumerate(lines) if line.strip() == f"// [readme:{name}]"]
-    end = [i for i, line in enumerate(lines) if line.strip() == f"// [/readme:{name}]"]
+    mark = "#" if path.suffix == ".py" else "//"
+    begin = [i for i, line in enumerate(lines) if line.strip() == f"{mark} [readme:{name}]"]
+    end = [i for i, line in enumerate(lines) if line.strip() == f"{mark} [/readme:{name}]"]
     if len(begin) != 1 or len(end) != 1 or end[0] <= begin[0]:
-        raise ValueError(f"{path}: expected one '// [readme:{name}]' ... '// [/readme:{name}]' region, "
+        raise ValueError(f"{path}: expected one '{mark} [readme:{name}]' ... '{mark} [/readme:{name}]' region, "
                          f"found {len(begin)} start and {len(end)} end markers")
     return textwrap.dedent("\n".join(lines[begin[0] + 1:end[0]])).splitlines()
 
@@ -57,7 +60,7 @@ def check(readme: pathlib.Path, root: pathlib.Path) -> int:
         where = f"{readme}:{i + 1}"
         tag = TAG.match(lines[i - 1]) if i > 0 else None
         if tag is None:
-            print(f"{where}: cpp block without a '<!-- snippet: examples/FILE.cpp NAME -->' tag on the line before")
+            print(f"{where}: code block without a '<!-- snippet: examples/FILE NAME -->' tag on the line before")
             errors += 1
         else:
             source = root / tag.group(1)
@@ -74,7 +77,7 @@ def check(readme: pathlib.Path, root: pathlib.Path) -> int:
                         [line + "\n" for line in want], [line + "\n" for line in block],
                         fromfile=f"{tag.group(1)} [{tag.group(2)}]", tofile=where))
         i = close + 1
-    print(f"check_readme_snippets: {readme}: {blocks} cpp blocks, {errors} problems")
+    print(f"check_readme_snippets: {readme}: {blocks} cpp/python blocks, {errors} problems")
     return errors
 
 

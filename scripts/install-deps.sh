@@ -11,10 +11,12 @@ packages=(
   libopenmpi-dev openmpi-bin                         # detops::mpi and its multi-process tests (mpirun)
   python3                                            # ctests detops_isa_symbols, detops_readme_snippets
   clang libclang-rt-dev                              # test.sh stage 3: clang build, libFuzzer + ASan/UBSan
+  libtorch-dev python3-torchvision python3-pytest    # the PyTorch binding (DETOPS_TORCH), its tests (ctest -L torch)
 )
 # Skipped where the release has no such package (before Debian 12 and Ubuntu 23.04, clang's own
-# packages carry the sanitizer and libFuzzer runtimes).
-optional=(libclang-rt-dev)
+# packages carry the sanitizer and libFuzzer runtimes; without LibTorch the binding is left out,
+# DETOPS_TORCH=AUTO).
+optional=(libclang-rt-dev libtorch-dev python3-torchvision python3-pytest)
 
 installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]; }
 is_optional() { [[ " ${optional[*]} " == *" $1 "* ]]; }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command of the README (and of CI, through .ci/run):
 #   1. build/: Release, CUDA backend when nvcc is found (sm_90 unless DETOPS_CUDA_ARCHITECTURES
-#      says otherwise), every test: cpu, gpu (each skips without a device) and consumer;
+#      says otherwise), the PyTorch binding (required when libtorch-dev is installed, as
+#      install-deps.sh does where the release has it), every test: cpu, gpu (each skips without a
+#      device), consumer and torch;
 #   2. build-asan/: CPU-only, AddressSanitizer + UBSan at -O1, the cpu tests;
 #   3-5. scripts/reliability.sh: fuzzing (build-fuzz/), ThreadSanitizer (build-tsan/), and the
 #      large-tensor tests (build/, only when MemAvailable >= 14 GiB); see that script.
@@ -16,8 +18,13 @@ jobs=$(nproc)
 arch=${DETOPS_CUDA_ARCHITECTURES:-90}
 SECONDS=0
 
-echo "== stage 1: build/ (CUDA ${arch} when available) =="
-cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="$arch"
+# With LibTorch installed the binding must build: a configure that quietly left it out would skip
+# its tests.
+torch=AUTO
+[[ $(dpkg-query -W -f='${Status}' libtorch-dev 2>/dev/null || true) == "install ok installed" ]] && torch=ON
+
+echo "== stage 1: build/ (CUDA ${arch} when available, PyTorch binding ${torch}) =="
+cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="$arch" -DDETOPS_TORCH="$torch"
 cmake --build --preset release -j "$jobs"
 ctest --preset release    # = ctest --test-dir build --output-on-failure -j2
 echo "== stage 1 done after ${SECONDS}s =="

@@ -1,0 +1,100 @@
+// Shared helpers of the op library's kernels (bindings/torch/csrc): includes, mode-string
+// parsing, argument pre-checks that must run before an output can be shaped, device guards.
+#pragma once
+
+// torch 1.13's <torch/library.h> does not declare c10::Dispatcher, which the autograd kernels'
+// typed calls need.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "detops/detops.h"
+#include "detops/torch.h"
+
+namespace detops {
+namespace torch_ops {
+
+// Kernel signatures use c10::string_view for `str` arguments and c10::optional for `T?`: the
+// spellings both torch 1.13 and 2.x accept (in 2.x they alias the std types).
+using c10::optional;
+using c10::string_view;
+
+inline std::string quoted(string_view s) { return "'" + std::string(s.data(), s.size()) + "'"; }
+
+/// Throws ValueError (a detops::Error kInvalidArgument, through guarded()) for a mode string that
+/// is none of the allowed ones; the message names the op, the argument, the allowed values and
+/// what was given. Called by every forward kernel (CPU, CUDA, Meta), so a bad mode fails at once,
+/// not in the backward.
+[[noreturn]] inline void bad_mode(const char* op, const char* arg, string_view given, const char* allowed) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(op) + ": " + arg + " is " + quoted(given) + "; expected one of " + allowed);
+}
+
+inline BackwardMode parse_backward_mode(const char* op, string_view s) {
+  if (s == "exact") return BackwardMode::kExact;
+  if (s == "truncated") return BackwardMode::kTruncated;
+  if (s == "atomic") return BackwardMode::kAtomic;
+  bad_mode(op, "backward_mode", s, "'exact', 'truncated', 'atomic'");
+}
+
+inline TruncationFormat parse_truncation(const char* op, string_view s) {
+  if (s == "float16") return TruncationFormat::kFloat16;
+  if (s == "bfloat16") return TruncationFormat::kBFloat16;
+  bad_mode(op, "truncation", s, "'float16', 'bfloat16'");
+}
+
+inline FrozenBnEpilogue parse_epilogue(const char* op, string_view s) {
+  if (s == "none") return FrozenBnEpilogue::kNone;
+  if (s == "relu") return FrozenBnEpilogue::kRelu;
+  if (s == "add_relu") return FrozenBnEpilogue::kAddRelu;
+  bad_mode(op, "epilogue", s, "'none', 'relu', 'add_relu'");
+}
+
+inline SyncBnMode parse_sync_mode(const char* op, string_view s) {
+  if (s == "default") return SyncBnMode::kDefault;
+  if (s == "exact") return SyncBnMode::kExact;
+  bad_mode(op, "mode", s, "'default', 'exact'");
+}
+
+/// Outputs are shaped from their inputs before detops sees anything, so a tensor whose rank is
+/// wrong must be refused here (in detops' style) rather than by an index error of torch's.
+inline void require_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim, const char* shape) {
+  if (!t.defined()) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg + " is undefined; expected " + shape);
+  }
+  if (t.dim() != dim) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg + " has " + std::to_string(t.dim()) +
+                                                 " dimensions (sizes " + c10::str(t.sizes()) + "); expected " + shape);
+  }
+}
+
+/// Meta kernels: the dispatcher picks Meta when any argument is a meta tensor, so a mix of meta
+/// and real tensors arrives here and must be refused (shaping an output on the real device would
+/// hide the mistake). Undefined tensors (absent optionals) are skipped.
+inline void require_meta(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+  for (const auto& arg : args) {
+    const at::Tensor& t = *arg.second;
+    if (t.defined() && !t.is_meta()) {
+      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg.first + " is on device " +
+                                                   t.device().str() + "; expected meta like the other arguments");
+    }
+  }
+}
+
+/// The optional tensor's value, or an undefined tensor (detops' absent view).
+inline at::Tensor value_or_undefined(const optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+/// Memory format of a 4-d tensor's layout as torch reports it (channels_last stays channels_last).
+inline at::MemoryFormat format_of(const at::Tensor& t) {
+  return t.dim() == 4 ? t.suggest_memory_format() : at::MemoryFormat::Contiguous;
+}
+
+}  // namespace torch_ops
+}  // namespace detops

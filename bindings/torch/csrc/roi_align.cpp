@@ -1,0 +1,386 @@
+// RoIAlign kernels of torch.ops.detops: roi_align / roi_align_max and their backward ops on the
+// CPU, CUDA (when built with it) and Meta keys, and the C++ autograd functions.
+#include "common.h"
+
+namespace detops {
+namespace torch_ops {
+namespace {
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+constexpr const char* kForward = "detops::roi_align";
+constexpr const char* kBackward = "detops::_roi_align_backward";
+
+RoiAlignOptions make_options(double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                             int64_t sampling_ratio, bool aligned, PoolMode pool) {
+  RoiAlignOptions o;
+  o.spatial_scale = spatial_scale;
+  o.pooled_height = pooled_height;
+  o.pooled_width = pooled_width;
+  o.sampling_ratio = sampling_ratio;
+  o.aligned = aligned;
+  o.pool_mode = pool;
+  return o;
+}
+
+// Output sizes from the inputs. Ranks are checked here (torch would fail on size(1) first); a
+// negative pooled size is clamped so that the allocation succeeds and detops reports it.
+std::vector<int64_t> output_sizes(const char* op, const at::Tensor& input, const at::Tensor& rois,
+                                  int64_t pooled_height, int64_t pooled_width) {
+  require_dim(op, "input", input, 4, "[N, C, H, W]");
+  require_dim(op, "rois", rois, 2, "[K, 5]");
+  return {rois.size(0), input.size(1), std::max<int64_t>(pooled_height, 0), std::max<int64_t>(pooled_width, 0)};
+}
+
+at::Tensor grad_input_like(const char* op, const at::Tensor& grad, int64_t batch_size, int64_t channels,
+                           int64_t height, int64_t width, bool channels_last) {
+  require_dim(op, "grad", grad, 4, "[K, C, PH, PW]");
+  for (int64_t s : {batch_size, channels, height, width}) {
+    if (s < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(op) + ": input sizes [" + std::to_string(batch_size) + ", " + std::to_string(channels) +
+                      ", " + std::to_string(height) + ", " + std::to_string(width) + "] have a negative size");
+    }
+  }
+  return at::empty({batch_size, channels, height, width},
+                   grad.options().memory_format(channels_last ? at::MemoryFormat::ChannelsLast
+                                                              : at::MemoryFormat::Contiguous));
+}
+
+// ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
+
+at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+                            int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
+                            string_view backward_mode, string_view truncation) {
+  return detops::torch::guarded([&] {
+    parse_backward_mode(kForward, backward_mode);
+    parse_truncation(kForward, truncation);
+    c10::DeviceGuard guard(input.device());
+    at::Tensor output = at::empty(output_sizes(kForward, input, rois, pooled_height, pooled_width), input.options());
+    roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
+                      detops::torch::view(output, "output"),
+                      make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, PoolMode::kAvg),
+                      detops::torch::context(input));
+    return output;
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_align_max_kernel(const at::Tensor& input, const at::Tensor& rois,
+                                                        double spatial_scale, int64_t pooled_height,
+                                                        int64_t pooled_width, int64_t sampling_ratio, bool aligned,
+                                                        string_view backward_mode, string_view truncation) {
+  return detops::torch::guarded([&] {
+    const char* op = "detops::roi_align_max";
+    parse_backward_mode(op, backward_mode);
+    parse_truncation(op, truncation);
+    c10::DeviceGuard guard(input.device());
+    const auto sizes = output_sizes(op, input, rois, pooled_height, pooled_width);
+    at::Tensor output = at::empty(sizes, input.options());
+    at::Tensor argmax = at::empty(sizes, input.options().dtype(at::kInt));
+    roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
+                      detops::torch::view(output, "output"),
+                      make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, PoolMode::kMax),
+                      detops::torch::context(input), detops::torch::view(argmax, "argmax"));
+    return std::make_tuple(output, argmax);
+  });
+}
+
+at::Tensor backward_common(const char* op, const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+                           double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                           int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio, bool aligned,
+                           string_view backward_mode, string_view truncation, bool channels_last, PoolMode pool) {
+  return detops::torch::guarded([&] {
+    RoiAlignBackwardOptions b;
+    b.mode = parse_backward_mode(op, backward_mode);
+    b.truncation = parse_truncation(op, truncation);
+    c10::DeviceGuard guard(grad.device());
+    if (b.mode == BackwardMode::kAtomic && grad.is_cuda()) {
+      // Atomics on the GPU: the one mode whose bits change from run to run there.
+      at::globalContext().alertNotDeterministic("detops::roi_align backward with backward_mode='atomic' on CUDA");
+    }
+    at::Tensor grad_input = grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
+    // Workspace (exact mode) comes from torch's allocator through the context.
+    roi_align_backward(detops::torch::view(grad, "grad"), detops::torch::view(rois, "rois"),
+                       detops::torch::view(grad_input, "grad_input"),
+                       make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, pool), b,
+                       detops::torch::context(grad), detops::torch::view(argmax, "argmax"));
+    return grad_input;
+  });
+}
+
+at::Tensor roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+                                     int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                     int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
+                                     bool aligned, string_view backward_mode, string_view truncation,
+                                     bool channels_last) {
+  return backward_common(kBackward, grad, rois, at::Tensor(), spatial_scale, pooled_height, pooled_width,
+                         batch_size, channels, height, width, sampling_ratio, aligned, backward_mode, truncation,
+                         channels_last, PoolMode::kAvg);
+}
+
+at::Tensor roi_align_max_backward_kernel(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+                                         double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                         int64_t batch_size, int64_t channels, int64_t height, int64_t width,
+                                         int64_t sampling_ratio, bool aligned, string_view backward_mode,
+                                         string_view truncation, bool channels_last) {
+  return backward_common("detops::_roi_align_max_backward", grad, rois, argmax, spatial_scale, pooled_height,
+                         pooled_width, batch_size, channels, height, width, sampling_ratio, aligned, backward_mode,
+                         truncation, channels_last, PoolMode::kMax);
+}
+
+// ---- Meta: shapes, dtypes and memory formats only; modes validated as in the real kernels ------
+
+at::Tensor roi_align_meta(const at::Tensor& input, const at::Tensor& rois, double, int64_t pooled_height,
+                          int64_t pooled_width, int64_t, bool, string_view backward_mode, string_view truncation) {
+  return detops::torch::guarded([&] {
+    require_meta(kForward, {{"input", &input}, {"rois", &rois}});
+    parse_backward_mode(kForward, backward_mode);
+    parse_truncation(kForward, truncation);
+    return at::empty(output_sizes(kForward, input, rois, pooled_height, pooled_width), input.options());
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_align_max_meta(const at::Tensor& input, const at::Tensor& rois, double,
+                                                      int64_t pooled_height, int64_t pooled_width, int64_t, bool,
+                                                      string_view backward_mode, string_view truncation) {
+  return detops::torch::guarded([&] {
+    const char* op = "detops::roi_align_max";
+    require_meta(op, {{"input", &input}, {"rois", &rois}});
+    parse_backward_mode(op, backward_mode);
+    parse_truncation(op, truncation);
+    const auto sizes = output_sizes(op, input, rois, pooled_height, pooled_width);
+    return std::make_tuple(at::empty(sizes, input.options()), at::empty(sizes, input.options().dtype(at::kInt)));
+  });
+}
+
+at::Tensor roi_align_backward_meta(const at::Tensor& grad, const at::Tensor& rois, double, int64_t, int64_t,
+                                   int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t,
+                                   bool, string_view backward_mode, string_view truncation, bool channels_last) {
+  return detops::torch::guarded([&] {
+    require_meta(kBackward, {{"grad", &grad}, {"rois", &rois}});
+    parse_backward_mode(kBackward, backward_mode);
+    parse_truncation(kBackward, truncation);
+    return grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
+  });
+}
+
+at::Tensor roi_align_max_backward_meta(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+                                       double, int64_t, int64_t, int64_t batch_size, int64_t channels, int64_t height,
+                                       int64_t width, int64_t, bool, string_view backward_mode,
+                                       string_view truncation, bool channels_last) {
+  return detops::torch::guarded([&] {
+    const char* op = "detops::_roi_align_max_backward";
+    require_meta(op, {{"grad", &grad}, {"rois", &rois}, {"argmax", &argmax}});
+    parse_backward_mode(op, backward_mode);
+    parse_truncation(op, truncation);
+    return grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
+  });
+}
+
+// ---- Autograd ----------------------------------------------------------------------------------
+// As torchvision's csrc/ops/autograd/roi_align_kernel.cpp: the forward runs the op below the
+// autograd key, the backward calls the backward op through the dispatcher, whose own autograd
+// kernel refuses to be differentiated again. Gradients: input only (rois get none).
+
+std::string str(string_view s) { return std::string(s.data(), s.size()); }
+
+at::Tensor call_roi_align(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                          int64_t pw, int64_t sr, bool aligned, string_view mode, string_view truncation) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detops::roi_align", "")
+                       .typed<decltype(roi_align_kernel)>();
+  return op.call(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_roi_align_max(const at::Tensor& input, const at::Tensor& rois,
+                                                      double spatial_scale, int64_t ph, int64_t pw, int64_t sr,
+                                                      bool aligned, string_view mode, string_view truncation) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detops::roi_align_max", "")
+                       .typed<decltype(roi_align_max_kernel)>();
+  return op.call(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+}
+
+at::Tensor call_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                         int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned,
+                         string_view mode, string_view truncation, bool channels_last) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detops::_roi_align_backward", "")
+                       .typed<decltype(roi_align_backward_kernel)>();
+  return op.call(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation, channels_last);
+}
+
+at::Tensor call_max_backward(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+                             double spatial_scale, int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h,
+                             int64_t w, int64_t sr, bool aligned, string_view mode, string_view truncation,
+                             bool channels_last) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detops::_roi_align_max_backward", "")
+                       .typed<decltype(roi_align_max_backward_kernel)>();
+  return op.call(grad, rois, argmax, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation, channels_last);
+}
+
+void save_attributes(AutogradContext* ctx, const at::Tensor& input, double spatial_scale, int64_t ph, int64_t pw,
+                     int64_t sr, bool aligned, string_view mode, string_view truncation) {
+  ctx->saved_data["spatial_scale"] = spatial_scale;
+  ctx->saved_data["pooled_height"] = ph;
+  ctx->saved_data["pooled_width"] = pw;
+  ctx->saved_data["sampling_ratio"] = sr;
+  ctx->saved_data["aligned"] = aligned;
+  ctx->saved_data["backward_mode"] = str(mode);
+  ctx->saved_data["truncation"] = str(truncation);
+  ctx->saved_data["input_shape"] = input.sizes();
+  ctx->saved_data["channels_last"] = format_of(input) == at::MemoryFormat::ChannelsLast;
+}
+
+// Arguments of the forward after (input, rois): none of them has a gradient.
+variable_list with_input_grad(const at::Tensor& grad_input) {
+  return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+}
+
+class RoiAlignFunction : public ::torch::autograd::Function<RoiAlignFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
+                               double spatial_scale, int64_t ph, int64_t pw, int64_t sr, bool aligned,
+                               string_view mode, string_view truncation) {
+    save_attributes(ctx, input, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+    ctx->save_for_backward({rois});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return {call_roi_align(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
+    const auto saved = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["input_shape"].toIntVector();
+    const std::string mode = ctx->saved_data["backward_mode"].toStringRef();
+    const std::string truncation = ctx->saved_data["truncation"].toStringRef();
+    return with_input_grad(call_backward(
+        grad_output[0], saved[0], ctx->saved_data["spatial_scale"].toDouble(),
+        ctx->saved_data["pooled_height"].toInt(), ctx->saved_data["pooled_width"].toInt(), shape[0], shape[1],
+        shape[2], shape[3], ctx->saved_data["sampling_ratio"].toInt(), ctx->saved_data["aligned"].toBool(), mode,
+        truncation, ctx->saved_data["channels_last"].toBool()));
+  }
+};
+
+class RoiAlignMaxFunction : public ::torch::autograd::Function<RoiAlignMaxFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
+                               double spatial_scale, int64_t ph, int64_t pw, int64_t sr, bool aligned,
+                               string_view mode, string_view truncation) {
+    save_attributes(ctx, input, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto result = call_roi_align_max(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+    ctx->save_for_backward({rois, std::get<1>(result)});
+    ctx->mark_non_differentiable({std::get<1>(result)});
+    return {std::get<0>(result), std::get<1>(result)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
+    const auto saved = ctx->get_saved_variables();
+    const auto shape = ctx->saved_data["input_shape"].toIntVector();
+    const std::string mode = ctx->saved_data["backward_mode"].toStringRef();
+    const std::string truncation = ctx->saved_data["truncation"].toStringRef();
+    return with_input_grad(call_max_backward(
+        grad_output[0], saved[0], saved[1], ctx->saved_data["spatial_scale"].toDouble(),
+        ctx->saved_data["pooled_height"].toInt(), ctx->saved_data["pooled_width"].toInt(), shape[0], shape[1],
+        shape[2], shape[3], ctx->saved_data["sampling_ratio"].toInt(), ctx->saved_data["aligned"].toBool(), mode,
+        truncation, ctx->saved_data["channels_last"].toBool()));
+  }
+};
+
+// The backward ops' autograd: computed below autograd, refused if differentiated again.
+[[noreturn]] void no_double_backward() {
+  TORCH_CHECK(false, "detops::roi_align: double backward is not supported");
+  throw std::logic_error("unreachable");
+}
+
+class RoiAlignBackwardFunction : public ::torch::autograd::Function<RoiAlignBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext*, const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+                               int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr,
+                               bool aligned, string_view mode, string_view truncation, bool channels_last) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return {call_backward(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation,
+                          channels_last)};
+  }
+  static variable_list backward(AutogradContext*, variable_list) { no_double_backward(); }
+};
+
+class RoiAlignMaxBackwardFunction : public ::torch::autograd::Function<RoiAlignMaxBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext*, const at::Tensor& grad, const at::Tensor& rois,
+                               const at::Tensor& argmax, double spatial_scale, int64_t ph, int64_t pw, int64_t n,
+                               int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned, string_view mode,
+                               string_view truncation, bool channels_last) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return {call_max_backward(grad, rois, argmax, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation,
+                              channels_last)};
+  }
+  static variable_list backward(AutogradContext*, variable_list) { no_double_backward(); }
+};
+
+at::Tensor roi_align_autograd(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                              int64_t pw, int64_t sr, bool aligned, string_view mode, string_view truncation) {
+  return RoiAlignFunction::apply(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> roi_align_max_autograd(const at::Tensor& input, const at::Tensor& rois,
+                                                          double spatial_scale, int64_t ph, int64_t pw, int64_t sr,
+                                                          bool aligned, string_view mode, string_view truncation) {
+  auto r = RoiAlignMaxFunction::apply(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
+  return std::make_tuple(r[0], r[1]);
+}
+
+at::Tensor roi_align_backward_autograd(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+                                       int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr,
+                                       bool aligned, string_view mode, string_view truncation, bool channels_last) {
+  return RoiAlignBackwardFunction::apply(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode,
+                                         truncation, channels_last)[0];
+}
+
+at::Tensor roi_align_max_backward_autograd(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+                                           double spatial_scale, int64_t ph, int64_t pw, int64_t n, int64_t c,
+                                           int64_t h, int64_t w, int64_t sr, bool aligned, string_view mode,
+                                           string_view truncation, bool channels_last) {
+  return RoiAlignMaxBackwardFunction::apply(grad, rois, argmax, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode,
+                                            truncation, channels_last)[0];
+}
+
+}  // namespace
+}  // namespace torch_ops
+}  // namespace detops
+
+namespace ops = detops::torch_ops;
+
+TORCH_LIBRARY_IMPL(detops, CPU, m) {
+  m.impl("roi_align", TORCH_FN(ops::roi_align_kernel));
+  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_kernel));
+  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_kernel));
+  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_kernel));
+}
+
+#if DETOPS_TORCH_CUDA
+// The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
+TORCH_LIBRARY_IMPL(detops, CUDA, m) {
+  m.impl("roi_align", TORCH_FN(ops::roi_align_kernel));
+  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_kernel));
+  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_kernel));
+  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_kernel));
+}
+#endif
+
+TORCH_LIBRARY_IMPL(detops, Meta, m) {
+  m.impl("roi_align", TORCH_FN(ops::roi_align_meta));
+  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_meta));
+  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_meta));
+  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_meta));
+}
+
+TORCH_LIBRARY_IMPL(detops, Autograd, m) {
+  m.impl("roi_align", TORCH_FN(ops::roi_align_autograd));
+  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_autograd));
+  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_autograd));
+  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_autograd));
+}

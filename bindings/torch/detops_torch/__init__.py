@@ -1,0 +1,86 @@
+# detops_torch: detops' deterministic detection ops (RoIAlign, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
+"""detops for PyTorch.
+
+``import detops_torch`` registers ``torch.ops.detops.*`` (CPU, CUDA and Meta kernels with C++
+autograd) and provides torchvision-, detectron2- and mmcv-compatible modules over them::
+
+    import detops_torch
+    pooled = detops_torch.roi_align(features, [boxes], output_size=7, spatial_scale=0.25,
+                                    sampling_ratio=2, aligned=True)      # backward_mode="exact"
+    model = detops_torch.convert(torchvision_model)   # swap RoIAlign / MultiScaleRoIAlign / FrozenBN
+
+The compiled op library ``_C.so`` is built for one torch version; importing it into another can
+abort the interpreter, so the version recorded at build time is checked before it is loaded.
+"""
+import glob as _glob
+import os as _os
+
+import torch
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+_REBUILD = (
+    "rebuild detops_torch against the torch you import: `pip install --no-build-isolation .` in the "
+    "detops source tree, or `cmake --build <build-dir> --target detops_torch detops_torch_python` "
+    "in a CMake build configured with -DDETOPS_TORCH=ON"
+)
+
+
+def _check_build(build_info) -> None:
+    """Raises ImportError if the op library was built for another torch (before it is loaded)."""
+    built = getattr(build_info, "TORCH_VERSION", None)
+    if built != torch.__version__:
+        raise ImportError(
+            f"detops_torch was built for torch {built} but torch {torch.__version__} is installed; {_REBUILD}"
+        )
+    if getattr(build_info, "CUDA", False) and torch.version.cuda is None:
+        raise ImportError(
+            f"detops_torch was built with CUDA but the installed torch {torch.__version__} has no CUDA; {_REBUILD}"
+        )
+
+
+def _library_path() -> str:
+    path = _os.path.join(_HERE, "_C.so")
+    if _os.path.exists(path):
+        return path
+    found = sorted(_glob.glob(_os.path.join(_HERE, "_C*.so")))
+    if not found:
+        raise ImportError(f"detops_torch: the op library _C.so is missing from {_HERE}; {_REBUILD}")
+    return found[0]
+
+
+try:
+    from . import _build_info
+except ImportError as _exc:
+    raise ImportError(
+        f"detops_torch: _build_info.py (written by the build next to _C.so) is missing from {_HERE}; {_REBUILD}"
+    ) from _exc
+
+_check_build(_build_info)
+torch.ops.load_library(_library_path())
+
+__version__ = getattr(_build_info, "DETOPS_VERSION", "unknown")
+
+from . import functional  # noqa: E402
+from . import nn  # noqa: E402
+from . import distributed  # noqa: E402
+from . import compat  # noqa: E402
+from .functional import roi_align  # noqa: E402
+from .nn import FrozenBatchNorm2d, MultiScaleRoIAlign, RoIAlign, convert_frozen_batchnorm  # noqa: E402
+from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
+from .convert import convert  # noqa: E402
+
+__all__ = [
+    "roi_align",
+    "RoIAlign",
+    "MultiScaleRoIAlign",
+    "FrozenBatchNorm2d",
+    "convert_frozen_batchnorm",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
+    "convert",
+    "compat",
+    "functional",
+    "nn",
+    "distributed",
+    "__version__",
+]

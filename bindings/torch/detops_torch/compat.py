@@ -1,0 +1,173 @@
+# detectron2- and mmcv-compatible modules over the detops ops, and the optional registration into mmcv/mmengine.
+"""Drop-in modules with the constructor signatures, defaults and state dicts of:
+
+* detectron2 ``detectron2.layers.ROIAlign(output_size, spatial_scale, sampling_ratio, aligned=True)``
+  (rois cast to the input's dtype, as detectron2 does);
+* detectron2 ``detectron2.layers.FrozenBatchNorm2d(num_features, eps=1e-5)`` (running_var starts at
+  ``1 - eps``; ``convert_frozen_batchnorm`` classmethod);
+* mmcv ``mmcv.ops.RoIAlign(output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode='avg',
+  aligned=True, use_torchvision=False)`` (avg and max pooling; ``use_torchvision`` is accepted and
+  ignored: detops computes either way).
+
+Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them nameable from
+mmdetection configs (``roi_layer=dict(type='DetopsRoIAlign', ...)``, ``norm_cfg=dict(type='DetopsSyncBN')``).
+"""
+import functools
+import warnings
+from typing import Dict
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
+
+from . import nn as _dnn
+from .functional import BACKWARD_MODES, POOL_MODES, TRUNCATIONS, _roi_align, check_choice
+
+__all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
+
+
+def _check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
+    check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
+    check_choice(owner, "truncation", truncation, TRUNCATIONS)
+
+
+class ROIAlign(nn.Module):
+    """detectron2's ``ROIAlign`` (note: ``aligned`` defaults to True, unlike torchvision's)."""
+
+    def __init__(self, output_size, spatial_scale, sampling_ratio, aligned=True, *, backward_mode: str = "exact",
+                 truncation: str = "float16"):
+        super().__init__()
+        _check_roi_options("ROIAlign", backward_mode, truncation)
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.aligned = aligned
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        """input: NCHW (or channels_last) features; rois: ``[K, 5]`` (batch index, x1, y1, x2, y2)."""
+        if not isinstance(rois, torch.Tensor) or rois.dim() != 2 or rois.size(1) != 5:
+            got = list(rois.shape) if isinstance(rois, torch.Tensor) else type(rois).__name__
+            raise ValueError(f"ROIAlign: rois has sizes {got}; expected [K, 5] rows (batch_index, x1, y1, x2, y2)")
+        return _roi_align(input, rois.to(dtype=input.dtype), self.output_size, self.spatial_scale,
+                          self.sampling_ratio, self.aligned, self.backward_mode, self.truncation, "avg")
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned})"
+        )
+
+
+class FrozenBatchNorm2d(_dnn.FrozenBatchNorm2d):
+    """detectron2's ``FrozenBatchNorm2d``: the detops module with detectron2's initial state
+    (``running_var = 1 - eps``, so that ``running_var + eps`` is 1 up to float32 rounding), its
+    ``repr`` and its ``convert_frozen_batchnorm`` classmethod."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5):
+        super().__init__(num_features, eps)
+        self.running_var.fill_(1.0).sub_(eps)
+
+    @classmethod
+    def convert_frozen_batchnorm(cls, module: nn.Module) -> nn.Module:
+        """detectron2's converter: BatchNorm2d / SyncBatchNorm -> this class."""
+        return _dnn.convert_frozen_batchnorm(module, cls)
+
+    def __repr__(self) -> str:
+        return f"FrozenBatchNorm2d(num_features={self.num_features}, eps={self.eps})"
+
+
+def _renamed_kwargs(mapping: Dict[str, str], cls_name: str):
+    """Accepts mmcv's deprecated argument names (out_size, sample_num) with a warning, as mmcv's
+    ``deprecated_api_warning`` does; the signature stays the new one."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in mapping.items():
+                if old in kwargs:
+                    warnings.warn(f'"{old}" is deprecated in `{cls_name}`, please use "{new}" instead',
+                                  DeprecationWarning, stacklevel=2)
+                    if new in kwargs:
+                        raise TypeError(f"{cls_name}: both {old!r} (deprecated) and {new!r} were given")
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+class RoIAlign(nn.Module):
+    """mmcv's ``RoIAlign`` (``pool_mode`` 'avg' or 'max'; ``aligned`` defaults to True;
+    ``use_torchvision`` is accepted for compatibility and changes nothing)."""
+
+    @_renamed_kwargs({"out_size": "output_size", "sample_num": "sampling_ratio"}, "RoIAlign")
+    def __init__(self, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True,
+                 use_torchvision=False, *, backward_mode: str = "exact", truncation: str = "float16"):
+        super().__init__()
+        check_choice("RoIAlign", "pool_mode", pool_mode, POOL_MODES)
+        _check_roi_options("RoIAlign", backward_mode, truncation)
+        self.output_size = _pair(output_size)
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = int(sampling_ratio)
+        self.pool_mode = pool_mode
+        self.aligned = aligned
+        self.use_torchvision = use_torchvision
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        """input: NCHW (or channels_last) features; rois: ``[K, 5]`` (batch index, x1, y1, x2, y2)."""
+        return _roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned,
+                          self.backward_mode, self.truncation, self.pool_mode)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, pool_mode={self.pool_mode}, aligned={self.aligned}, "
+            f"use_torchvision={self.use_torchvision})"
+        )
+
+
+def register_mmcv(force: bool = True) -> Dict[str, object]:
+    """Makes the detops layers nameable from mmdetection configs.
+
+    Sets ``mmcv.ops.DetopsRoIAlign`` (mmdetection's RoI extractors look layers up with
+    ``getattr(mmcv.ops, type)``) and registers ``DetopsRoIAlign`` and ``DetopsSyncBN`` (the detops
+    :class:`~detops_torch.SyncBatchNorm`) in mmengine's ``MODELS`` registry (mmcv 2.x) or mmcv's
+    ``NORM_LAYERS`` (mmcv 1.x) when present. Returns what was registered, by name.
+
+    Raises ImportError, naming the cause, when mmcv is not importable.
+    """
+    try:
+        import mmcv.ops as mmcv_ops  # noqa: F401
+    except Exception as exc:  # ImportError, or mmcv's own failure to load its extension
+        raise ImportError(
+            "detops_torch.compat.register_mmcv() needs mmcv with mmcv.ops (pip install mmcv); "
+            f"importing mmcv.ops failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    from .distributed import SyncBatchNorm
+
+    registered: Dict[str, object] = {}
+    setattr(mmcv_ops, "DetopsRoIAlign", RoIAlign)
+    registered["mmcv.ops.DetopsRoIAlign"] = RoIAlign
+
+    registry = None
+    try:  # mmcv 2.x: one registry in mmengine
+        from mmengine.registry import MODELS as registry  # type: ignore
+        prefix = "mmengine.MODELS"
+    except Exception:
+        try:  # mmcv 1.x: norm layers have their own registry
+            from mmcv.cnn import NORM_LAYERS as registry  # type: ignore
+            prefix = "mmcv.NORM_LAYERS"
+        except Exception:
+            registry = None
+    if registry is not None:
+        registry.register_module(name="DetopsSyncBN", module=SyncBatchNorm, force=force)
+        registered[prefix + ".DetopsSyncBN"] = SyncBatchNorm
+        if prefix == "mmengine.MODELS":
+            registry.register_module(name="DetopsRoIAlign", module=RoIAlign, force=force)
+            registered[prefix + ".DetopsRoIAlign"] = RoIAlign
+    return registered

@@ -1,0 +1,142 @@
+# detops_torch.convert(): swaps a torchvision/detectron2/mmcv model's RoI and FrozenBatchNorm2d modules (and BatchNorm2d on request) for detops' in place.
+"""Module conversion.
+
+The anchors' classes are recognised by ``(class.__module__, class.__qualname__)``, so converting a
+detectron2 or mmcv model needs neither to be importable here, and a subclass (which may change
+behaviour) is left alone. Each replacement keeps the original's configuration, buffers (the same
+tensors: device and dtype unchanged) and training flag; forward hooks registered on a replaced
+module are not carried over.
+"""
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import compat
+from . import nn as _dnn
+from .functional import BACKWARD_MODES, TRUNCATIONS, check_choice
+
+__all__ = ["convert", "TARGETS"]
+
+_BATCHNORM_CHOICES = (None, "frozen", "sync")
+_OPTIONS = ("backward_mode", "truncation", "process_group", "mode")
+
+
+def _roi_kwargs(opts: Dict[str, object]) -> Dict[str, object]:
+    return {"backward_mode": opts["backward_mode"], "truncation": opts["truncation"]}
+
+
+def _tv_roi_align(m: nn.Module, opts) -> nn.Module:
+    return _dnn.RoIAlign(m.output_size, m.spatial_scale, m.sampling_ratio, m.aligned, **_roi_kwargs(opts))
+
+
+def _tv_multiscale(m: nn.Module, opts) -> nn.Module:
+    new = _dnn.MultiScaleRoIAlign(
+        m.featmap_names, m.output_size, m.sampling_ratio,
+        canonical_scale=getattr(m, "canonical_scale", 224), canonical_level=getattr(m, "canonical_level", 4),
+        **_roi_kwargs(opts),
+    )
+    # The scales and level mapper are inferred on the first forward; keep them if already there.
+    new.scales = m.scales
+    new.map_levels = m.map_levels
+    return new
+
+
+def _take_buffers(new: nn.Module, old: nn.Module) -> nn.Module:
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        setattr(new, name, getattr(old, name))  # same tensors: the checkpoint and device stay
+    return new
+
+
+def _tv_frozen_bn(m: nn.Module, opts) -> nn.Module:
+    return _take_buffers(_dnn.FrozenBatchNorm2d(m.weight.shape[0], m.eps), m)
+
+
+def _d2_roi_align(m: nn.Module, opts) -> nn.Module:
+    return compat.ROIAlign(m.output_size, m.spatial_scale, m.sampling_ratio, m.aligned, **_roi_kwargs(opts))
+
+
+def _d2_frozen_bn(m: nn.Module, opts) -> nn.Module:
+    return _take_buffers(compat.FrozenBatchNorm2d(m.num_features, m.eps), m)
+
+
+def _mmcv_roi_align(m: nn.Module, opts) -> nn.Module:
+    return compat.RoIAlign(m.output_size, m.spatial_scale, m.sampling_ratio, m.pool_mode, m.aligned,
+                           m.use_torchvision, **_roi_kwargs(opts))
+
+
+# (module, qualified class name) -> builder of the detops replacement.
+TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Module]] = {
+    ("torchvision.ops.roi_align", "RoIAlign"): _tv_roi_align,
+    ("torchvision.ops.poolers", "MultiScaleRoIAlign"): _tv_multiscale,
+    ("torchvision.ops.misc", "FrozenBatchNorm2d"): _tv_frozen_bn,
+    ("detectron2.layers.roi_align", "ROIAlign"): _d2_roi_align,
+    ("detectron2.layers.batch_norm", "FrozenBatchNorm2d"): _d2_frozen_bn,
+    ("mmcv.ops.roi_align", "RoIAlign"): _mmcv_roi_align,
+}
+
+
+def _replacement(m: nn.Module, opts) -> Optional[nn.Module]:
+    cls = type(m)
+    build = TARGETS.get((cls.__module__, cls.__qualname__))
+    if build is not None:
+        return build(m, opts)
+    if opts["batchnorm"] == "frozen" and isinstance(m, (nn.BatchNorm2d, nn.SyncBatchNorm)):
+        return _dnn.convert_frozen_batchnorm(m)
+    return None
+
+
+def _convert(m: nn.Module, opts) -> nn.Module:
+    new = _replacement(m, opts)
+    if new is not None:
+        new.train(m.training)
+        return new
+    for name, child in list(m.named_children()):
+        new_child = _convert(child, opts)
+        if new_child is not child:
+            setattr(m, name, new_child)
+    return m
+
+
+def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.Module:
+    """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign`` and
+    ``FrozenBatchNorm2d``, detectron2 ``ROIAlign`` and ``FrozenBatchNorm2d`` and mmcv ``RoIAlign``
+    in ``model`` for the detops module with the same configuration and buffers.
+
+    Args:
+        model: any ``nn.Module``.
+        batchnorm: ``None`` (leave BatchNorm layers alone), ``"frozen"`` (``BatchNorm2d`` and
+            ``SyncBatchNorm`` become :class:`FrozenBatchNorm2d`) or ``"sync"`` (every BatchNorm
+            becomes the detops :class:`SyncBatchNorm`, through :func:`convert_sync_batchnorm`).
+        backward_mode: the RoI modules' backward mode (default ``"exact"``).
+        truncation: ``"float16"`` or ``"bfloat16"`` for the truncated mode.
+        process_group, mode: passed to :func:`convert_sync_batchnorm` (``batchnorm="sync"`` only).
+
+    Returns:
+        ``model`` (or its replacement if ``model`` itself is a target module).
+    """
+    if batchnorm not in _BATCHNORM_CHOICES:
+        raise ValueError(f"convert: batchnorm is {batchnorm!r}; expected None, 'frozen' or 'sync'")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"convert: unexpected option(s) {', '.join(unknown)}; expected some of {', '.join(_OPTIONS)}")
+    if batchnorm != "sync" and ("process_group" in options or "mode" in options):
+        raise ValueError("convert: process_group and mode configure SyncBatchNorm; expected batchnorm='sync' with them")
+    opts: Dict[str, object] = {
+        "batchnorm": batchnorm,
+        "backward_mode": options.get("backward_mode", "exact"),
+        "truncation": options.get("truncation", "float16"),
+    }
+    check_choice("convert", "backward_mode", opts["backward_mode"], BACKWARD_MODES)
+    check_choice("convert", "truncation", opts["truncation"], TRUNCATIONS)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"convert: model is a {type(model).__name__}; expected a torch.nn.Module")
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ValueError("convert: model is a TorchScript module; expected an eager nn.Module")
+    model = _convert(model, opts)
+    if batchnorm == "sync":
+        from .distributed import convert_sync_batchnorm
+
+        sync_kwargs = {k: options[k] for k in ("process_group", "mode") if k in options}
+        model = convert_sync_batchnorm(model, **sync_kwargs)
+    return model

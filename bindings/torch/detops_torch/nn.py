@@ -1,0 +1,328 @@
+# torchvision-compatible modules over the detops ops: RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d.
+"""Modules with torchvision's constructor signatures and defaults, computed by detops.
+
+* ``RoIAlign(output_size, spatial_scale, sampling_ratio, aligned=False)``
+* ``MultiScaleRoIAlign(featmap_names, output_size, sampling_ratio, *, canonical_scale=224,
+  canonical_level=4)``: torchvision's FPN pooler (its level mapping, its outputs)
+* ``FrozenBatchNorm2d(num_features, eps=1e-5)``: the buffers and state dict of torchvision's and
+  detectron2's FrozenBatchNorm2d (either checkpoint loads unchanged)
+* ``convert_frozen_batchnorm(module)``: BatchNorm2d / SyncBatchNorm -> FrozenBatchNorm2d, as
+  detectron2's classmethod of that name.
+
+Every RoI module also takes the keyword-only ``backward_mode`` (default ``"exact"``) and
+``truncation``.
+"""
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.fx
+from torch import Tensor, nn
+
+from .functional import BACKWARD_MODES, TRUNCATIONS, _roi_align, boxes_to_rois, check_choice
+
+__all__ = ["RoIAlign", "MultiScaleRoIAlign", "FrozenBatchNorm2d", "convert_frozen_batchnorm"]
+
+# torchvision's level mapping and scale inference are reused when torchvision is importable, so
+# the pooler assigns every roi to the level torchvision assigns it to. The fallbacks below follow
+# the same formulas (FPN paper, eq. 1) for installations without torchvision.
+try:
+    from torchvision.ops.poolers import LevelMapper, _setup_scales  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - torchvision is installed wherever the tests run
+
+    class LevelMapper:  # type: ignore[no-redef]
+        """The FPN level of each box: floor(k0 + log2(sqrt(area) / s0) + eps), clamped."""
+
+        def __init__(self, k_min: int, k_max: int, canonical_scale: int = 224, canonical_level: int = 4,
+                     eps: float = 1e-6):
+            self.k_min = k_min
+            self.k_max = k_max
+            self.s0 = canonical_scale
+            self.lvl0 = canonical_level
+            self.eps = eps
+
+        def __call__(self, boxlists: List[Tensor]) -> Tensor:
+            areas = [(b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]) for b in boxlists]
+            s = torch.sqrt(torch.cat(areas))
+            lvls = torch.floor(self.lvl0 + torch.log2(s / self.s0) + torch.tensor(self.eps, dtype=s.dtype))
+            lvls = torch.clamp(lvls, min=self.k_min, max=self.k_max)
+            return (lvls.to(torch.int64) - self.k_min).to(torch.int64)
+
+    def _infer_scale(feature: Tensor, original_size: List[int]) -> float:
+        approx = float(feature.shape[-2]) / float(original_size[0])
+        return 2 ** float(torch.tensor(approx).log2().round())
+
+    def _setup_scales(features: List[Tensor], image_shapes: List[Tuple[int, int]], canonical_scale: int,
+                      canonical_level: int) -> Tuple[List[float], LevelMapper]:
+        if not image_shapes:
+            raise ValueError("images list should not be empty")
+        max_x = max(s[0] for s in image_shapes)
+        max_y = max(s[1] for s in image_shapes)
+        scales = [_infer_scale(f, [max_x, max_y]) for f in features]
+        lvl_min = -torch.log2(torch.tensor(scales[0], dtype=torch.float32)).item()
+        lvl_max = -torch.log2(torch.tensor(scales[-1], dtype=torch.float32)).item()
+        return scales, LevelMapper(int(lvl_min), int(lvl_max), canonical_scale, canonical_level)
+
+
+def _check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
+    check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
+    check_choice(owner, "truncation", truncation, TRUNCATIONS)
+
+
+class RoIAlign(nn.Module):
+    """torchvision's ``RoIAlign`` (see :func:`detops_torch.roi_align`)."""
+
+    def __init__(
+        self,
+        output_size,
+        spatial_scale: float,
+        sampling_ratio: int,
+        aligned: bool = False,
+        *,
+        backward_mode: str = "exact",
+        truncation: str = "float16",
+    ):
+        super().__init__()
+        _check_roi_options(type(self).__name__, backward_mode, truncation)
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.aligned = aligned
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return _roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned,
+                          self.backward_mode, self.truncation, "avg")
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, backward_mode={self.backward_mode!r})"
+        )
+
+
+@torch.fx.wrap
+def _filter_input(x: Dict[str, Tensor], featmap_names: List[str]) -> List[Tensor]:
+    # torchvision keeps the dict's order, not featmap_names' order; so do we.
+    x_filtered = []
+    for k, v in x.items():
+        if k in featmap_names:
+            x_filtered.append(v)
+    return x_filtered
+
+
+@torch.fx.wrap
+def _multiscale_roi_align(
+    x_filtered: List[Tensor],
+    boxes: List[Tensor],
+    output_size: List[int],
+    sampling_ratio: int,
+    scales: Optional[List[float]],
+    mapper: Optional[LevelMapper],
+    backward_mode: str,
+    truncation: str,
+) -> Tensor:
+    # The same steps as torchvision's _multiscale_roi_align (same rois, same level per roi, same
+    # zero-initialised result written per level), so the forward has torchvision's bits.
+    if scales is None or mapper is None:
+        raise ValueError("MultiScaleRoIAlign: scales and mapper should not be None")
+    num_levels = len(x_filtered)
+    rois = boxes_to_rois(boxes)  # torchvision's roi format, with the boxes checked
+    if num_levels == 1:
+        return _roi_align(x_filtered[0], rois, output_size, scales[0], sampling_ratio, False, backward_mode,
+                          truncation, "avg")
+    levels = mapper(boxes)
+    num_rois = len(rois)
+    num_channels = x_filtered[0].shape[1]
+    dtype, device = x_filtered[0].dtype, x_filtered[0].device
+    result = torch.zeros([num_rois, num_channels, output_size[0], output_size[1]], dtype=dtype, device=device)
+    for level, (feature, scale) in enumerate(zip(x_filtered, scales)):
+        idx_in_level = torch.where(levels == level)[0]
+        pooled = _roi_align(feature, rois[idx_in_level], output_size, scale, sampling_ratio, False, backward_mode,
+                            truncation, "avg")
+        # Under autocast the levels may come in different dtypes; match result's, as torchvision.
+        result[idx_in_level] = pooled.to(result.dtype)
+    return result
+
+
+class MultiScaleRoIAlign(nn.Module):
+    """torchvision's ``MultiScaleRoIAlign``: pools each box from the FPN level given by eq. 1 of
+    the FPN paper (``canonical_level`` for a box of ``canonical_scale`` squared area)."""
+
+    __annotations__ = {"scales": Optional[List[float]], "map_levels": Optional[LevelMapper]}
+
+    def __init__(
+        self,
+        featmap_names: List[str],
+        output_size: Union[int, Tuple[int], List[int]],
+        sampling_ratio: int,
+        *,
+        canonical_scale: int = 224,
+        canonical_level: int = 4,
+        backward_mode: str = "exact",
+        truncation: str = "float16",
+    ):
+        super().__init__()
+        _check_roi_options(type(self).__name__, backward_mode, truncation)
+        if isinstance(output_size, int):
+            output_size = (output_size, output_size)
+        self.featmap_names = featmap_names
+        self.sampling_ratio = sampling_ratio
+        self.output_size = tuple(output_size)
+        self.scales = None
+        self.map_levels = None
+        self.canonical_scale = canonical_scale
+        self.canonical_level = canonical_level
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, x: Dict[str, Tensor], boxes: List[Tensor], image_shapes: List[Tuple[int, int]]) -> Tensor:
+        x_filtered = _filter_input(x, self.featmap_names)
+        if self.scales is None or self.map_levels is None:
+            self.scales, self.map_levels = _setup_scales(
+                x_filtered, image_shapes, self.canonical_scale, self.canonical_level
+            )
+        return _multiscale_roi_align(
+            x_filtered, boxes, self.output_size, self.sampling_ratio, self.scales, self.map_levels,
+            self.backward_mode, self.truncation,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
+            f"sampling_ratio={self.sampling_ratio}, backward_mode={self.backward_mode!r})"
+        )
+
+
+class FrozenBatchNorm2d(nn.Module):
+    """BatchNorm2d with fixed statistics and affine parameters, computed by detops.
+
+    Its state is torchvision's and detectron2's: four buffers ``weight``, ``bias``,
+    ``running_mean``, ``running_var`` (no parameters, no ``num_batches_tracked``), so checkpoints of
+    either load unchanged, and its own state dict loads into either. Loading drops a
+    ``num_batches_tracked`` entry (a BatchNorm2d checkpoint), as torchvision does, and fills a
+    missing ``running_mean``/``running_var`` with the identity when the checkpoint's version is
+    below 2 (detectron2's Caffe2-converted checkpoints carry only weight and bias).
+
+    The buffers are folded once into ``scale = weight * (1 / sqrt(running_var + eps))`` and
+    ``shift = bias - running_mean * scale`` (float64 for float64 inputs, float32 otherwise); the
+    fold is redone when a buffer, eps, the device or the compute dtype changes. No gradient reaches
+    the buffers.
+    """
+
+    _version = 3
+
+    def __init__(self, num_features: int, eps: float = 1e-5):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(num_features))
+        self.register_buffer("bias", torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self._fold_cache = None  # (key, scale, shift, buffers): see scale_shift
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        state_dict.pop(prefix + "num_batches_tracked", None)
+        version = local_metadata.get("version", None)
+        if version is None or version < 2:
+            # detectron2's rule: early checkpoints have no running statistics; use the identity.
+            if prefix + "running_mean" not in state_dict:
+                state_dict[prefix + "running_mean"] = torch.zeros_like(self.running_mean)
+            if prefix + "running_var" not in state_dict:
+                state_dict[prefix + "running_var"] = torch.ones_like(self.running_var)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _fold_key(self, dtype: torch.dtype) -> Optional[tuple]:
+        # Identity and storage of each buffer plus its version counter (bumped by every in-place
+        # write, including load_state_dict's copy_): a key that changes whenever the fold would.
+        try:
+            parts = tuple(
+                (id(t), t.data_ptr(), t._version, t.dtype, t.device)
+                for t in (self.weight, self.bias, self.running_mean, self.running_var)
+            )
+        except RuntimeError:  # inference tensors have no version counter: do not cache
+            return None
+        return parts + (float(self.eps), dtype)
+
+    def _fold(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        return torch.ops.detops.frozen_batch_norm_fold(
+            self.weight.detach().to(param_dtype), self.bias.detach().to(param_dtype),
+            self.running_mean.detach().to(param_dtype), self.running_var.detach().to(param_dtype), float(self.eps))
+
+    @torch.jit.unused
+    def scale_shift(self, dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+        """The folded ``(scale, shift)`` for inputs of ``dtype`` (float64 folds in float64),
+        computed once and reused until a buffer, eps, the device or the dtype changes."""
+        param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        key = self._fold_key(param_dtype)
+        cache = self._fold_cache
+        if key is not None and cache is not None and cache[0] == key:
+            return cache[1], cache[2]
+        scale, shift = self._fold(dtype)
+        # The cache holds the buffers it keyed on, so their ids cannot be reused while it lives.
+        self._fold_cache = None if key is None else (key, scale, shift, (self.weight, self.bias,
+                                                                         self.running_mean, self.running_var))
+        return scale, shift
+
+    def _scale_shift(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        # TorchScript cannot compile the cache (Python object identity and version counters): a
+        # scripted module folds on every call, with the same op and so the same bits.
+        if torch.jit.is_scripting():
+            return self._fold(dtype)
+        return self.scale_shift(dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale, shift = self._scale_shift(x.dtype)
+        return torch.ops.detops.frozen_batch_norm(x, scale, shift, "none", None)
+
+    def forward_relu(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
+        """The fused tails of a ResNet block: ``relu(bn(x))``, or ``relu(bn(x) + residual)``."""
+        scale, shift = self._scale_shift(x.dtype)
+        epilogue = "relu" if residual is None else "add_relu"
+        return torch.ops.detops.frozen_batch_norm(x, scale, shift, epilogue, residual)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_fold_cache"] = None  # derived data; keyed on ids that do not survive a copy
+        return state
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.num_features}, eps={self.eps})"
+
+
+def _frozen_from_batchnorm(cls, module: nn.Module) -> nn.Module:
+    if module.running_mean is None or module.running_var is None:
+        raise ValueError(
+            f"convert_frozen_batchnorm: {type(module).__name__}({module.num_features}) has "
+            "track_running_stats=False; expected running statistics to freeze"
+        )
+    res = cls(module.num_features, module.eps)
+    if module.affine:
+        res.weight.data = module.weight.data.clone().detach()
+        res.bias.data = module.bias.data.clone().detach()
+    else:
+        # weight 1, bias 0 in the statistics' dtype and device
+        res.weight.data = torch.ones_like(module.running_mean.data)
+        res.bias.data = torch.zeros_like(module.running_mean.data)
+    res.running_mean.data = module.running_mean.data
+    res.running_var.data = module.running_var.data
+    return res
+
+
+def convert_frozen_batchnorm(module: nn.Module, cls=None) -> nn.Module:
+    """Replaces every ``BatchNorm2d`` and ``SyncBatchNorm`` in ``module`` by a
+    :class:`FrozenBatchNorm2d` (weight and bias copied, running statistics and eps taken over), as
+    detectron2's ``FrozenBatchNorm2d.convert_frozen_batchnorm``. Returns the new module if
+    ``module`` itself is one; otherwise converts in place and returns ``module``."""
+    cls = FrozenBatchNorm2d if cls is None else cls
+    if isinstance(module, (nn.BatchNorm2d, nn.SyncBatchNorm)):
+        return _frozen_from_batchnorm(cls, module)
+    for name, child in module.named_children():
+        new_child = convert_frozen_batchnorm(child, cls)
+        if new_child is not child:
+            module.add_module(name, new_child)
+    return module

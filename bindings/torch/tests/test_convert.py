@@ -1,0 +1,297 @@
+# Tests of detops_torch.convert(): torchvision Mask R-CNN models (targets replaced, RoI pooler outputs bitwise, model outputs within 1e-10), detectron2/mmcv classes by name, options.
+import copy
+import unittest
+import warnings
+
+import torch
+from torch import nn
+
+import detops_torch
+from detops_torch import compat
+from _util import assert_bitwise_equal, max_rel_error, random_rois
+
+try:
+    import torchvision
+    from torchvision.models.detection import MaskRCNN, maskrcnn_resnet50_fpn
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    from torchvision.ops import FrozenBatchNorm2d as TvFrozenBatchNorm2d
+except ImportError:  # pragma: no cover
+    torchvision = None
+
+# Small and quick (float64 convolutions take torch's slow path on the CPU; the mask head costs about
+# 1 GFLOP per detection), but with detections: every box scores above 0, 3 per image are kept.
+MODEL_KW = dict(min_size=128, max_size=128, rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=24,
+                box_score_thresh=0.0, box_detections_per_img=3, rpn_pre_nms_top_n_train=100,
+                rpn_post_nms_top_n_train=32, box_batch_size_per_image=16)
+TV_CLASSES = {("torchvision.ops.roi_align", "RoIAlign"), ("torchvision.ops.poolers", "MultiScaleRoIAlign"),
+              ("torchvision.ops.misc", "FrozenBatchNorm2d")}
+
+
+def _kind(m):
+    return (type(m).__module__, type(m).__qualname__)
+
+
+def _count(model, cls):
+    return sum(1 for m in model.modules() if type(m) is cls)
+
+
+def _randomize_norms(model, seed):
+    """Non-trivial statistics for every BatchNorm2d / FrozenBatchNorm2d, so the folds matter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d) or _kind(m) == ("torchvision.ops.misc", "FrozenBatchNorm2d"):
+                c = m.running_var.numel()
+                m.running_mean.copy_(torch.rand(c, generator=gen, dtype=torch.float64) * 0.2 - 0.1)
+                m.running_var.copy_(torch.rand(c, generator=gen, dtype=torch.float64) * 0.5 + 0.75)
+                m.weight.copy_(torch.rand(c, generator=gen, dtype=torch.float64) * 0.5 + 0.75)
+                m.bias.copy_(torch.rand(c, generator=gen, dtype=torch.float64) * 0.2 - 0.1)
+
+
+def _images(seed, count=2):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.rand(3, 128, 128, generator=gen, dtype=torch.float64),
+            torch.rand(3, 112, 128, generator=gen, dtype=torch.float64)][:count]
+
+
+def _capture_poolers(model):
+    """Records (inputs, output) of the Mask R-CNN RoI poolers on each forward."""
+    calls = {"box": [], "mask": []}
+    handles = []
+    for key, m in (("box", model.roi_heads.box_roi_pool), ("mask", model.roi_heads.mask_roi_pool)):
+        handles.append(m.register_forward_hook(lambda mod, inp, out, key=key: calls[key].append((inp, out))))
+    return calls, handles
+
+
+@unittest.skipUnless(torchvision is not None, "torchvision is not installed")
+class ConvertTorchvisionModelsTest(unittest.TestCase):
+    def _compare_outputs(self, got, ref, tol=1e-10):
+        self.assertEqual(len(got), len(ref))
+        for g, r in zip(got, ref):
+            self.assertEqual(sorted(g), sorted(r))
+            self.assertGreater(r["boxes"].shape[0], 0, "the comparison needs detections")
+            assert_bitwise_equal(self, g["labels"], r["labels"], "labels")
+            for k in ("boxes", "scores", "masks"):
+                self.assertEqual(g[k].shape, r[k].shape, k)
+                self.assertLessEqual(max_rel_error(g[k], r[k]), tol, k)
+
+    def _check_poolers(self, converted, ref_calls):
+        """The converted poolers give the original poolers' outputs bit for bit on the original
+        inputs (inside the model their inputs differ by the folds' rounding)."""
+        for key, pooler in (("box", converted.roi_heads.box_roi_pool), ("mask", converted.roi_heads.mask_roi_pool)):
+            self.assertIs(type(pooler), detops_torch.MultiScaleRoIAlign)
+            self.assertEqual(len(ref_calls[key]), 1)
+            for inp, ref_out in ref_calls[key]:
+                self.assertGreater(ref_out.shape[0], 0)
+                assert_bitwise_equal(self, pooler(*inp), ref_out, f"{key} pooler on the original inputs")
+
+    def test_maskrcnn_resnet50_fpn(self):
+        torch.manual_seed(0)
+        model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, **MODEL_KW).double().eval()
+        _randomize_norms(model, 1)
+        n_bn = _count(model, nn.BatchNorm2d)
+        self.assertGreater(n_bn, 50)  # no backbone weights: torchvision builds it with BatchNorm2d
+        plain = copy.deepcopy(model)
+        calls, handles = _capture_poolers(model)
+        with torch.no_grad():
+            ref = model(_images(1, count=1))
+        for h in handles:
+            h.remove()
+
+        # batchnorm=None: only the two MultiScaleRoIAlign poolers are targets (the model's
+        # features are then unchanged, so the poolers' bitwise equality is the model's too).
+        self.assertIs(detops_torch.convert(plain), plain)
+        self.assertFalse([m for m in plain.modules() if _kind(m) in TV_CLASSES])
+        self.assertEqual(_count(plain, detops_torch.MultiScaleRoIAlign), 2)
+        self.assertEqual(_count(plain, nn.BatchNorm2d), n_bn)
+        self._check_poolers(plain, calls)
+        self.assertEqual(plain.roi_heads.box_roi_pool.scales, model.roi_heads.box_roi_pool.scales)
+
+        # batchnorm="frozen": every BatchNorm2d becomes a detops FrozenBatchNorm2d as well.
+        frozen = detops_torch.convert(plain, batchnorm="frozen")
+        self.assertEqual(_count(frozen, nn.BatchNorm2d), 0)
+        self.assertEqual(_count(frozen, detops_torch.FrozenBatchNorm2d), n_bn)
+        with torch.no_grad():
+            out = frozen(_images(1, count=1))
+        self._compare_outputs(out, ref)
+
+    def test_maskrcnn_over_frozen_batchnorm_backbone(self):
+        torch.manual_seed(1)
+        backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None, norm_layer=TvFrozenBatchNorm2d,
+                                       trainable_layers=3)
+        model = MaskRCNN(backbone, num_classes=5, **MODEL_KW).double().eval()
+        _randomize_norms(model, 2)
+        n_frozen = _count(model, TvFrozenBatchNorm2d)
+        self.assertGreater(n_frozen, 15)
+        converted = copy.deepcopy(model)
+        calls, handles = _capture_poolers(model)
+        with torch.no_grad():
+            ref = model(_images(1))
+        for h in handles:
+            h.remove()
+
+        detops_torch.convert(converted)
+        self.assertFalse([m for m in converted.modules() if _kind(m) in TV_CLASSES])
+        self.assertEqual(_count(converted, detops_torch.FrozenBatchNorm2d), n_frozen)
+        self.assertEqual(_count(converted, detops_torch.MultiScaleRoIAlign), 2)
+        # The converted FrozenBatchNorm2d hold the very same buffers: the checkpoint is unchanged.
+        self.assertEqual(converted.state_dict().keys(), model.state_dict().keys())
+        for k, v in model.state_dict().items():
+            assert_bitwise_equal(self, converted.state_dict()[k], v, k)
+        self._check_poolers(converted, calls)
+        with torch.no_grad():
+            out = converted(_images(1))
+        # detops folds w * (1 / sqrt(v + eps)), torchvision w * rsqrt(v + eps): the issue allows the
+        # roundings to differ, so the outputs are held to 1e-10 relative, not to their bits.
+        self._compare_outputs(out, ref)
+
+        # The converted model still scripts (torchvision's detection models do), with the same results.
+        converted.float()
+        images = [i.float() for i in _images(1, count=1)]
+        scripted = torch.jit.script(converted)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "RCNN always returns a (Losses, Detections) tuple"
+            eager_out = converted(images)
+            _, script_out = scripted(images)
+        for k in ("boxes", "scores", "masks"):
+            assert_bitwise_equal(self, script_out[0][k], eager_out[0][k], f"scripted {k}")
+
+        # A training step (float32: quick) runs through the detops ops and reaches the trainable
+        # backbone layers.
+        converted.train()
+        images = [i.float() for i in _images(2, count=1)]
+        mask = torch.zeros(2, 128, 128, dtype=torch.uint8)
+        mask[:, 20:80, 15:90] = 1
+        targets = [{"boxes": torch.tensor([[15.0, 20.0, 90.0, 80.0], [40.0, 30.0, 120.0, 100.0]]),
+                    "labels": torch.tensor([1, 3]), "masks": mask}]
+        losses = converted(images, targets)
+        self.assertIn("loss_mask", losses)
+        sum(losses.values()).backward()
+        grad = converted.backbone.body.layer4[0].conv1.weight.grad
+        self.assertIsNotNone(grad)
+        self.assertGreater(grad.abs().sum().item(), 0.0)
+
+
+def _fake_class(module, name, base=nn.Module, body=None):
+    """A class with another library's module path and name (detectron2 and mmcv are not installed)."""
+    return type(name, (base,), dict(body or {}, __module__=module, __qualname__=name))
+
+
+def _d2_roialign_init(self, output_size, spatial_scale, sampling_ratio, aligned=True):
+    nn.Module.__init__(self)
+    self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned = (output_size, spatial_scale,
+                                                                               sampling_ratio, aligned)
+
+
+def _d2_roialign_forward(self, input, rois):  # detectron2: torchvision's op on rois cast to the input's dtype
+    return torchvision.ops.roi_align(input, rois.to(dtype=input.dtype), self.output_size, self.spatial_scale,
+                                     self.sampling_ratio, self.aligned)
+
+
+def _d2_frozen_init(self, num_features, eps=1e-5):
+    nn.Module.__init__(self)
+    self.num_features, self.eps = num_features, eps
+    self.register_buffer("weight", torch.ones(num_features))
+    self.register_buffer("bias", torch.zeros(num_features))
+    self.register_buffer("running_mean", torch.zeros(num_features))
+    self.register_buffer("running_var", torch.ones(num_features) - eps)
+
+
+def _d2_frozen_forward(self, x):
+    return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.1,
+                                    self.eps)
+
+
+def _mmcv_init(self, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True,
+               use_torchvision=False):
+    nn.Module.__init__(self)
+    self.output_size = nn.modules.utils._pair(output_size)
+    self.spatial_scale, self.sampling_ratio = float(spatial_scale), int(sampling_ratio)
+    self.pool_mode, self.aligned, self.use_torchvision = pool_mode, aligned, use_torchvision
+
+
+D2ROIAlign = _fake_class("detectron2.layers.roi_align", "ROIAlign",
+                         body={"__init__": _d2_roialign_init, "forward": _d2_roialign_forward})
+D2FrozenBatchNorm2d = _fake_class("detectron2.layers.batch_norm", "FrozenBatchNorm2d",
+                                  body={"__init__": _d2_frozen_init, "forward": _d2_frozen_forward})
+MmcvRoIAlign = _fake_class("mmcv.ops.roi_align", "RoIAlign", body={"__init__": _mmcv_init})
+
+
+class ConvertByClassNameTest(unittest.TestCase):
+    def _pooler(self):
+        # detectron2's ROIPooler keeps its per-level ROIAlign modules in a ModuleList.
+        pooler = nn.Module()
+        pooler.level_poolers = nn.ModuleList([D2ROIAlign((7, 7), 1 / s, 0, aligned=False) for s in (4, 8)])
+        return pooler
+
+    @unittest.skipUnless(torchvision is not None, "torchvision is not installed")
+    def test_detectron2_and_mmcv_modules(self):
+        gen = torch.Generator().manual_seed(3)
+        model = nn.Module()
+        model.stem = nn.Sequential(nn.Conv2d(3, 4, 1), D2FrozenBatchNorm2d(4, eps=1e-4), nn.ReLU())
+        model.pooler = self._pooler()
+        model.mmdet_layers = nn.ModuleList([MmcvRoIAlign(7, 0.25, 2, "max", False, True), MmcvRoIAlign(14, 0.125)])
+        subclass = type("MyROIAlign", (D2ROIAlign,), {"__module__": __name__})
+        model.custom = subclass(3, 1.0, 2)
+        model.eval()
+        with torch.no_grad():
+            for k in ("weight", "bias", "running_mean", "running_var"):
+                getattr(model.stem[1], k).uniform_(0.5, 1.5, generator=gen)
+        old_bn = model.stem[1]
+        x = torch.rand(2, 3, 16, 16, generator=gen, dtype=torch.float64)
+        rois = random_rois(gen, 2, 6, 64, 64)
+        model.double()
+        feat = model.stem(x)
+        ref = [p(feat, rois.float()) for p in model.pooler.level_poolers]
+
+        detops_torch.convert(model, backward_mode="atomic")
+        self.assertIs(type(model.stem[1]), compat.FrozenBatchNorm2d)
+        self.assertIs(model.stem[1].running_var, old_bn.running_var)  # the same buffers
+        self.assertEqual(model.stem[1].eps, 1e-4)
+        self.assertFalse(model.stem[1].training)
+        self.assertEqual([type(p) for p in model.pooler.level_poolers], [compat.ROIAlign] * 2)
+        self.assertEqual([type(p) for p in model.mmdet_layers], [compat.RoIAlign] * 2)
+        self.assertIs(type(model.custom), subclass)  # a subclass may behave differently: left alone
+        p0 = model.pooler.level_poolers[0]
+        self.assertEqual((p0.output_size, p0.spatial_scale, p0.sampling_ratio, p0.aligned, p0.backward_mode),
+                         ((7, 7), 0.25, 0, False, "atomic"))
+        m0 = model.mmdet_layers[0]
+        self.assertEqual((m0.output_size, m0.spatial_scale, m0.sampling_ratio, m0.pool_mode, m0.aligned,
+                          m0.use_torchvision), ((7, 7), 0.25, 2, "max", False, True))
+        feat2 = model.stem(x)
+        self.assertLessEqual(max_rel_error(feat2, feat), 1e-14)
+        for p, r in zip(model.pooler.level_poolers, ref):
+            assert_bitwise_equal(self, p(feat, rois.float()), r, "detectron2 ROIAlign")
+
+    def test_options_and_errors(self):
+        rp = torchvision.ops.RoIAlign(7, 0.5, 2) if torchvision is not None else D2ROIAlign(7, 0.5, 2)
+        new = detops_torch.convert(rp, truncation="bfloat16", backward_mode="truncated")
+        self.assertIsNot(new, rp)  # the model itself is a target: its replacement is returned
+        self.assertEqual((new.backward_mode, new.truncation), ("truncated", "bfloat16"))
+        with self.assertRaisesRegex(ValueError, "batchnorm"):
+            detops_torch.convert(nn.Identity(), batchnorm="Frozen")
+        with self.assertRaisesRegex(ValueError, "backward_mode"):
+            detops_torch.convert(nn.Identity(), backward_mode="fast")
+        with self.assertRaisesRegex(TypeError, "sampling_ratio"):
+            detops_torch.convert(nn.Identity(), sampling_ratio=2)
+        with self.assertRaisesRegex(ValueError, "batchnorm='sync'"):
+            detops_torch.convert(nn.Identity(), mode="exact")
+        with self.assertRaisesRegex(ValueError, "TorchScript"):
+            detops_torch.convert(torch.jit.script(nn.Linear(2, 2)))
+        bn = nn.BatchNorm2d(3)
+        model = nn.Sequential(bn)
+        self.assertIs(detops_torch.convert(model)[0], bn)  # BatchNorm2d only when asked
+
+    def test_batchnorm_sync(self):
+        model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm2d(4)))
+        weight = model[1].weight
+        detops_torch.convert(model, batchnorm="sync", mode="exact")
+        for m in (model[1], model[2][0]):
+            self.assertIsInstance(m, detops_torch.SyncBatchNorm)
+            self.assertIsInstance(m, nn.SyncBatchNorm)
+            self.assertEqual(m.mode, "exact")
+        self.assertIs(model[1].weight, weight)  # as torch's convert_sync_batchnorm: same Parameters
+
+
+if __name__ == "__main__":
+    unittest.main()

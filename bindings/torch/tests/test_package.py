@@ -1,0 +1,129 @@
+# Tests of the detops_torch package itself: exports, registered op schemas, version, and the torch-version guard that runs before _C.so is loaded.
+import importlib.util
+import os
+import re
+import shutil
+import sys
+import tempfile
+import unittest
+
+import torch
+
+import detops_torch
+
+OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "frozen_batch_norm_fold",
+       "frozen_batch_norm", "_frozen_batch_norm_backward", "sync_batch_norm_record_words",
+       "sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
+       "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
+       "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply"]
+EXPORTS = ["roi_align", "RoIAlign", "MultiScaleRoIAlign", "FrozenBatchNorm2d", "convert_frozen_batchnorm",
+           "SyncBatchNorm", "convert_sync_batchnorm", "convert", "__version__", "compat"]
+
+
+def _schema(name):
+    return getattr(torch.ops.detops, name).default._schema
+
+
+class ExportsTest(unittest.TestCase):
+    def test_public_names(self):
+        for name in EXPORTS:
+            self.assertTrue(hasattr(detops_torch, name), name)
+            self.assertIn(name, detops_torch.__all__)
+        for name in detops_torch.__all__:
+            self.assertTrue(hasattr(detops_torch, name), name)
+        for name in ("ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"):
+            self.assertTrue(hasattr(detops_torch.compat, name), f"compat.{name}")
+        self.assertTrue(callable(detops_torch.convert))
+        self.assertTrue(issubclass(detops_torch.SyncBatchNorm, torch.nn.SyncBatchNorm))
+        self.assertTrue(issubclass(detops_torch.compat.FrozenBatchNorm2d, detops_torch.FrozenBatchNorm2d))
+
+    def test_version(self):
+        from detops_torch import _build_info
+
+        self.assertEqual(detops_torch.__version__, _build_info.DETOPS_VERSION)
+        self.assertRegex(detops_torch.__version__, r"^\d+\.\d+\.\d+")
+        self.assertEqual(_build_info.TORCH_VERSION, torch.__version__)
+        header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "include", "detops",
+                              "version.h")
+        if os.path.exists(header):  # running from the source tree: the package reports the library's version
+            with open(header) as f:
+                text = f.read()
+            parts = [re.search(rf"DETOPS_VERSION_{p}\s+(\d+)", text).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+            self.assertEqual(detops_torch.__version__, ".".join(parts))
+
+    def test_ops_are_registered_with_torchvision_positional_order(self):
+        for name in OPS:
+            self.assertEqual(_schema(name).name, f"detops::{name}")
+        ours = [a.name for a in _schema("roi_align").arguments]
+        self.assertEqual(ours[:7], ["input", "rois", "spatial_scale", "pooled_height", "pooled_width",
+                                    "sampling_ratio", "aligned"])
+        try:
+            import torchvision  # noqa: F401
+
+            theirs = [a.name for a in torch.ops.torchvision.roi_align.default._schema.arguments]
+            self.assertEqual(ours[:len(theirs)], theirs)
+        except ImportError:  # pragma: no cover
+            pass
+        for a in _schema("roi_align").arguments[7:]:
+            self.assertIsNotNone(a.default_value, f"extra argument {a.name} must have a default")
+
+
+class VersionGuardTest(unittest.TestCase):
+    """A _C.so built for another torch can abort the interpreter, so __init__ compares versions
+    first. Simulated with a temporary copy of the package whose _build_info names another torch
+    and whose _C.so is not a library at all: if the guard did not run first, loading it would fail
+    with a different error."""
+
+    def _import_copy(self, build_info, with_build_info=True):
+        src = os.path.dirname(os.path.abspath(detops_torch.__file__))
+        tmp = tempfile.mkdtemp(prefix="detops_guard_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        pkg = os.path.join(tmp, "detops_torch_copy")
+        os.mkdir(pkg)
+        for f in os.listdir(src):
+            if f.endswith(".py") and f != "_build_info.py":
+                shutil.copy(os.path.join(src, f), pkg)  # follows symlinks
+        if with_build_info:
+            with open(os.path.join(pkg, "_build_info.py"), "w") as f:
+                f.write(build_info)
+        with open(os.path.join(pkg, "_C.so"), "wb") as f:
+            f.write(b"not a shared library")
+        name = "detops_torch_copy"
+        spec = importlib.util.spec_from_file_location(name, os.path.join(pkg, "__init__.py"),
+                                                      submodule_search_locations=[pkg])
+        module = importlib.util.module_from_spec(spec)
+        saved = dict(sys.modules)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            for key in list(sys.modules):
+                if key not in saved:
+                    del sys.modules[key]
+
+    def test_mismatched_torch_version_raises_import_error_naming_both(self):
+        with self.assertRaises(ImportError) as ctx:
+            self._import_copy('TORCH_VERSION = "0.9.9+other"\nCUDA = False\nDETOPS_VERSION = "0.1.0"\n')
+        msg = str(ctx.exception)
+        self.assertIn("0.9.9+other", msg)
+        self.assertIn(torch.__version__, msg)
+        self.assertIn("pip install --no-build-isolation", msg)  # the rebuild command
+
+    @unittest.skipUnless(torch.version.cuda is None, "needs a torch without CUDA")
+    def test_cuda_build_on_a_cpu_torch_raises(self):
+        with self.assertRaisesRegex(ImportError, "built with CUDA"):
+            self._import_copy(f'TORCH_VERSION = "{torch.__version__}"\nCUDA = True\nDETOPS_VERSION = "0.1.0"\n')
+
+    def test_missing_build_info_raises(self):
+        with self.assertRaisesRegex(ImportError, "_build_info.py"):
+            self._import_copy("", with_build_info=False)
+
+    def test_matching_version_reaches_the_loader(self):
+        # Control: with the right version the guard passes and the (bogus) library is loaded, so
+        # the errors above really come from the guard.
+        with self.assertRaises(OSError):
+            self._import_copy(f'TORCH_VERSION = "{torch.__version__}"\nCUDA = False\nDETOPS_VERSION = "0.1.0"\n')
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,301 @@
+# The optional PyTorch/LibTorch component (issue 15): detops::torch (the header-only adapter
+# include/detops/torch.h) and detops::torch_ops (the op library registering torch.ops.detops.*,
+# built as <build>/python/detops_torch/_C.so next to the Python package detops_torch).
+#   DETOPS_TORCH          AUTO (when find_package(Torch) succeeds), ON (required) or OFF;
+#                         default AUTO when detops is the top-level project, OFF in a parent's build
+#   DETOPS_TORCH_PYTHON   the Python interpreter whose torch the binding is built for; found
+#                         automatically (the first of Python3_EXECUTABLE, Python_EXECUTABLE,
+#                         /usr/bin/python3, python3 on PATH that imports torch). Its
+#                         torch.utils.cmake_prefix_path is searched for TorchConfig.cmake (pip's
+#                         torch), then the system (Debian's libtorch-dev).
+#   DETOPS_TORCH_FMT_HEADER_ONLY  compile detops with fmt header-only, so that _C.so needs no
+#                         libfmt.so at run time (pyproject.toml turns it on for wheels)
+# Sets DETOPS_WITH_TORCH (ON/OFF) for detopsConfig.cmake.in. Included from the top CMakeLists.txt
+# after DetopsComm.cmake; detops_torch_add_tests() is called from there once testing is enabled.
+# No pybind11 and no libpython: the same _C.so serves Python (torch.ops.load_library) and LibTorch
+# C++ programs. libdetops is linked statically into it.
+
+# ---------------------------------------------------------------------------------------------
+# Tests (label torch), registered by the top CMakeLists.txt after enable_testing(); defined first
+# because the rest of this file returns early when the binding is left out.
+#   detops_torch_py_<file>  each bindings/torch/tests/test_*.py, run by the Python whose torch the
+#                           binding was built for, PYTHONPATH=<build>/python; pytest when that
+#                           Python has it, else unittest (the GPU machine may have no pytest)
+#   detops_torch_example_*  examples/torch: quickstart.py (the README's example) and
+#                           train_maskrcnn.py --smoke (two runs, same hashes)
+#   detops_torch_consumer   tests/consumers/torch: a plain C++ program (no Python) training
+#                           through torch.ops.detops.roi_align (also label consumer)
+function(detops_torch_add_tests)
+  if(NOT DETOPS_WITH_TORCH)
+    return()
+  endif()
+  set(_tests_dir "${PROJECT_SOURCE_DIR}/bindings/torch/tests")
+  if(DETOPS_TORCH_PYTHON_EXECUTABLE)
+    execute_process(COMMAND "${DETOPS_TORCH_PYTHON_EXECUTABLE}" -c "import pytest"
+                    RESULT_VARIABLE _no_pytest OUTPUT_QUIET ERROR_QUIET)
+    file(GLOB _py_tests CONFIGURE_DEPENDS "${_tests_dir}/test_*.py")
+    foreach(_file IN LISTS _py_tests)
+      get_filename_component(_name "${_file}" NAME_WE)
+      if(_no_pytest)
+        set(_cmd -m unittest discover -s "${_tests_dir}" -t "${_tests_dir}" -p "${_name}.py")
+      else()
+        # No cache directory in the source tree; quiet output, failures in full.
+        set(_cmd -m pytest -q -p no:cacheprovider "${_file}")
+      endif()
+      add_test(NAME detops_torch_py_${_name} COMMAND "${DETOPS_TORCH_PYTHON_EXECUTABLE}" ${_cmd}
+               WORKING_DIRECTORY "${PROJECT_BINARY_DIR}")
+      set_tests_properties(detops_torch_py_${_name} PROPERTIES
+        LABELS torch TIMEOUT 600
+        ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+    endforeach()
+    # The examples, each checking its own result: the README's quickstart, and the training
+    # demo's smoke run (two Mask R-CNN steps twice: identical hashes or exit 1).
+    foreach(_example IN ITEMS "quickstart|quickstart.py" "maskrcnn|train_maskrcnn.py;--smoke")
+      string(REPLACE "|" ";" _example "${_example}")
+      list(POP_FRONT _example _name)
+      list(POP_FRONT _example _script)
+      add_test(NAME detops_torch_example_${_name}
+               COMMAND "${DETOPS_TORCH_PYTHON_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/examples/torch/${_script}" ${_example}
+               WORKING_DIRECTORY "${PROJECT_BINARY_DIR}")
+      set_tests_properties(detops_torch_example_${_name} PROPERTIES
+        LABELS torch TIMEOUT 300
+        ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+    endforeach()
+  endif()
+
+  add_executable(detops_torch_consumer tests/consumers/torch/main.cpp)
+  # --no-as-needed: the program uses the op library only through the dispatcher (no symbol of
+  # it), and the library must still be loaded for its registrations to run.
+  target_link_libraries(detops_torch_consumer PRIVATE detops::torch "-Wl,--no-as-needed" detops::torch_ops)
+  set_target_properties(detops_torch_consumer PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  detops_target_options(detops_torch_consumer)
+  add_test(NAME detops_torch_consumer COMMAND detops_torch_consumer)
+  set_tests_properties(detops_torch_consumer PROPERTIES LABELS "torch;consumer" TIMEOUT 300)
+endfunction()
+
+# A guest build (add_subdirectory, FetchContent) gets only the library unless it asks for more.
+if(DETOPS_IS_TOP_LEVEL)
+  set(_detops_torch_default AUTO)
+else()
+  set(_detops_torch_default OFF)
+endif()
+set(DETOPS_TORCH ${_detops_torch_default} CACHE STRING
+    "Build the PyTorch binding (detops::torch, torch.ops.detops): AUTO (when Torch is found), ON or OFF")
+set_property(CACHE DETOPS_TORCH PROPERTY STRINGS AUTO ON OFF)
+set(DETOPS_TORCH_PYTHON "" CACHE FILEPATH "Python interpreter with the torch to build the binding for (empty: search)")
+option(DETOPS_TORCH_FMT_HEADER_ONLY "Use fmt header-only in detops, so the torch binding needs no libfmt.so" OFF)
+set(DETOPS_TORCH_PYTHON_INSTALL_DIR "${CMAKE_INSTALL_LIBDIR}/detops/python" CACHE STRING
+    "Where `cmake --install` puts the Python package detops_torch (a directory for PYTHONPATH), relative to the prefix")
+mark_as_advanced(DETOPS_TORCH_PYTHON_INSTALL_DIR)
+
+string(TOUPPER "${DETOPS_TORCH}" _detops_torch_mode)
+if(NOT _detops_torch_mode STREQUAL "AUTO")
+  if(DETOPS_TORCH)
+    set(_detops_torch_mode ON)
+  else()
+    set(_detops_torch_mode OFF)
+  endif()
+endif()
+
+set(DETOPS_WITH_TORCH OFF)
+set(DETOPS_WITH_TORCH_CUDA OFF)
+set(DETOPS_TORCH_PYTHON_EXECUTABLE "")
+if(_detops_torch_mode STREQUAL "OFF")
+  file(REMOVE "${PROJECT_BINARY_DIR}/detopsTorchTargets.cmake")
+  message(STATUS "detops: torch binding OFF")
+  return()
+endif()
+
+# ---------------------------------------------------------------------------------------------
+# The Python interpreter with torch: its version goes into _build_info.py (the import-time guard
+# compares it with the running torch), it runs the Python tests, and pip's torch is found through
+# it. Several interpreters may exist (here: a pyenv python3 without torch first on PATH, Debian's
+# /usr/bin/python3 with torch 1.13).
+set(_detops_torch_candidates ${DETOPS_TORCH_PYTHON} ${Python3_EXECUTABLE} ${Python_EXECUTABLE} /usr/bin/python3)
+find_program(_detops_path_python3 NAMES python3 python NO_CACHE)
+if(_detops_path_python3)
+  list(APPEND _detops_torch_candidates "${_detops_path_python3}")
+endif()
+list(REMOVE_DUPLICATES _detops_torch_candidates)
+set(_detops_torch_py_version "")
+set(_detops_torch_py_prefix "")
+foreach(_py IN LISTS _detops_torch_candidates)
+  if(NOT EXISTS "${_py}")
+    continue()
+  endif()
+  execute_process(
+    COMMAND "${_py}" -c "import torch, torch.utils; print(torch.__version__); print(torch.utils.cmake_prefix_path); print(torch.version.cuda or '')"
+    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 120)
+  if(_rc EQUAL 0)
+    string(REPLACE "\n" ";" _out "${_out}")
+    list(GET _out 0 _detops_torch_py_version)
+    list(GET _out 1 _detops_torch_py_prefix)
+    set(DETOPS_TORCH_PYTHON_EXECUTABLE "${_py}")
+    break()
+  endif()
+  if(DETOPS_TORCH_PYTHON AND _py STREQUAL DETOPS_TORCH_PYTHON)
+    message(WARNING "detops: DETOPS_TORCH_PYTHON=${DETOPS_TORCH_PYTHON} cannot import torch")
+  endif()
+endforeach()
+if(DETOPS_TORCH_PYTHON_EXECUTABLE)
+  message(STATUS "detops: Python with torch ${_detops_torch_py_version}: ${DETOPS_TORCH_PYTHON_EXECUTABLE}")
+endif()
+
+# find_package(Torch) in a function scope: pip's TorchConfig (Caffe2's cuda.cmake) appends its own
+# -gencode list (TORCH_CUDA_ARCH_LIST, down to compute_50, which nvcc 13 refuses) and defines to
+# CMAKE_CUDA_FLAGS; at directory scope that would reach detops' own .cu files. Imported targets
+# (torch_cpu, c10, ...) are directory-wide all the same; the variables needed are passed up.
+function(_detops_find_torch mode py_prefix)
+  # pip's torch carries its TorchConfig.cmake; Debian's torch.utils.cmake_prefix_path points at a
+  # directory that does not exist (its config is in lib/<triplet>/cmake/Torch, the default search).
+  if(EXISTS "${py_prefix}/Torch/TorchConfig.cmake" AND NOT Torch_DIR)
+    list(PREPEND CMAKE_PREFIX_PATH "${py_prefix}")
+  endif()
+  if(mode STREQUAL "ON")
+    find_package(Torch)
+  else()
+    find_package(Torch QUIET)
+  endif()
+  foreach(_var Torch_FOUND Torch_VERSION TORCH_INCLUDE_DIRS TORCH_CXX_FLAGS)
+    set(${_var} "${${_var}}" PARENT_SCOPE)
+  endforeach()
+endfunction()
+_detops_find_torch("${_detops_torch_mode}" "${_detops_torch_py_prefix}")
+if(NOT Torch_FOUND)
+  if(_detops_torch_mode STREQUAL "ON")
+    message(FATAL_ERROR "detops: DETOPS_TORCH=ON but LibTorch was not found (Debian: libtorch-dev; pip: "
+                        "set DETOPS_TORCH_PYTHON to the interpreter with torch, or Torch_DIR), or use -DDETOPS_TORCH=OFF")
+  endif()
+  message(STATUS "detops: LibTorch not found, the torch binding is left out")
+  file(REMOVE "${PROJECT_BINARY_DIR}/detopsTorchTargets.cmake")
+  return()
+endif()
+set(DETOPS_WITH_TORCH ON)
+
+# The version the package records: what `torch.__version__` says (e.g. "1.13.0a0" for Debian's
+# 1.13.1, "2.11.0+cu130"), since that is what the import-time guard compares with. Without a
+# Python that imports torch, the C++ package version (the Python tests are then left out).
+if(_detops_torch_py_version)
+  set(DETOPS_TORCH_VERSION "${_detops_torch_py_version}")
+  string(REGEX MATCH "^[0-9]+[.][0-9]+" _py_mm "${_detops_torch_py_version}")
+  string(REGEX MATCH "^[0-9]+[.][0-9]+" _cmake_mm "${Torch_VERSION}")
+  if(_cmake_mm AND NOT _py_mm STREQUAL _cmake_mm)
+    message(WARNING "detops: LibTorch ${Torch_VERSION} (${Torch_DIR}) is not the torch ${_detops_torch_py_version} "
+                    "of ${DETOPS_TORCH_PYTHON_EXECUTABLE}: the Python package would refuse to load; set Torch_DIR "
+                    "or DETOPS_TORCH_PYTHON so that they match. Python tests are left out.")
+    set(DETOPS_TORCH_PYTHON_EXECUTABLE "")
+  endif()
+else()
+  set(DETOPS_TORCH_VERSION "${Torch_VERSION}")
+endif()
+
+# CUDA kernels of the binding: only when both detops' CUDA backend and torch's CUDA are there.
+if(DETOPS_WITH_CUDA AND TARGET torch_cuda AND TARGET c10_cuda)
+  set(DETOPS_WITH_TORCH_CUDA ON)
+endif()
+message(STATUS "detops: LibTorch ${Torch_VERSION} (${Torch_DIR}), torch binding ON, CUDA kernels ${DETOPS_WITH_TORCH_CUDA}")
+
+if(DETOPS_TORCH_FMT_HEADER_ONLY AND TARGET fmt::fmt-header-only)
+  # libdetops is linked into _C.so; with fmt compiled in, the wheel depends on nothing but torch.
+  foreach(_prop LINK_LIBRARIES INTERFACE_LINK_LIBRARIES)
+    get_target_property(_libs detops ${_prop})
+    if(_libs)
+      list(TRANSFORM _libs REPLACE "^fmt::fmt$" "fmt::fmt-header-only")
+      list(TRANSFORM _libs REPLACE "<LINK_ONLY:fmt::fmt>" "<LINK_ONLY:fmt::fmt-header-only>")
+      set_target_properties(detops PROPERTIES ${_prop} "${_libs}")
+    endif()
+  endforeach()
+endif()
+
+# ---------------------------------------------------------------------------------------------
+# detops::torch: the adapter header, with LibTorch's include directories and flags. Linking
+# torch_cpu and c10 (not `torch`) keeps libtorch_python and CUDA out; those imported targets do
+# not carry torch/csrc/api/include, hence TORCH_INCLUDE_DIRS (the installed config adds it again
+# from the consumer's own find_package(Torch)).
+add_library(detops_torch_headers INTERFACE)
+add_library(detops::torch ALIAS detops_torch_headers)
+target_compile_features(detops_torch_headers INTERFACE cxx_std_17)
+target_link_libraries(detops_torch_headers INTERFACE detops::detops torch_cpu c10)
+target_include_directories(detops_torch_headers SYSTEM INTERFACE "$<BUILD_INTERFACE:${TORCH_INCLUDE_DIRS}>")
+separate_arguments(_detops_torch_cxx_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+target_compile_options(detops_torch_headers INTERFACE "$<BUILD_INTERFACE:${_detops_torch_cxx_flags}>")
+if(DETOPS_WITH_TORCH_CUDA)
+  target_link_libraries(detops_torch_headers INTERFACE torch_cuda c10_cuda)
+  target_compile_definitions(detops_torch_headers INTERFACE DETOPS_TORCH_CUDA=1)
+endif()
+set_target_properties(detops_torch_headers PROPERTIES EXPORT_NAME torch)
+
+# detops::torch_ops: the op library. SHARED (not MODULE) so that C++ programs can link it; named
+# _C.so in the package directory, so `PYTHONPATH=<build>/python` imports detops_torch.
+set(DETOPS_TORCH_PACKAGE_DIR "${PROJECT_BINARY_DIR}/python/detops_torch")
+add_library(detops_torch SHARED
+  bindings/torch/csrc/registration.cpp
+  bindings/torch/csrc/roi_align.cpp
+  bindings/torch/csrc/frozen_batch_norm.cpp
+  bindings/torch/csrc/sync_batch_norm.cpp)
+add_library(detops::torch_ops ALIAS detops_torch)
+target_link_libraries(detops_torch PRIVATE detops_torch_headers)
+detops_target_options(detops_torch)
+set_target_properties(detops_torch PROPERTIES
+  # torch 1.13's own flags say C++14; detops' headers need C++17 (std::optional, string_view).
+  CXX_STANDARD 17
+  CXX_STANDARD_REQUIRED ON
+  CXX_EXTENSIONS OFF
+  PREFIX ""
+  OUTPUT_NAME _C
+  LIBRARY_OUTPUT_DIRECTORY "${DETOPS_TORCH_PACKAGE_DIR}"
+  EXPORT_NAME torch_ops)
+if(DETOPS_WITH_TORCH_CUDA)
+  target_compile_definitions(detops_torch PRIVATE DETOPS_TORCH_CUDA=1)
+endif()
+if(NOT BUILD_SHARED_LIBS)
+  # Only the registration side effects are wanted: keep the exported dynamic symbol table small.
+  target_link_options(detops_torch PRIVATE "LINKER:--exclude-libs,ALL")
+endif()
+
+# detops_torch_python: the pure-Python package next to _C.so, with _build_info.py recording what
+# it was built for (bindings/torch/detops_torch/__init__.py checks it before loading _C.so).
+file(GLOB _detops_torch_py CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/bindings/torch/detops_torch/*.py")
+set(_detops_torch_py_outputs "")
+foreach(_src IN LISTS _detops_torch_py)
+  get_filename_component(_name "${_src}" NAME)
+  add_custom_command(OUTPUT "${DETOPS_TORCH_PACKAGE_DIR}/${_name}"
+    COMMAND "${CMAKE_COMMAND}" -E copy_if_different "${_src}" "${DETOPS_TORCH_PACKAGE_DIR}/${_name}"
+    DEPENDS "${_src}" COMMENT "detops_torch: ${_name}" VERBATIM)
+  list(APPEND _detops_torch_py_outputs "${DETOPS_TORCH_PACKAGE_DIR}/${_name}")
+endforeach()
+if(DETOPS_WITH_TORCH_CUDA)
+  set(_detops_torch_cuda_py True)
+else()
+  set(_detops_torch_cuda_py False)
+endif()
+file(CONFIGURE OUTPUT "${DETOPS_TORCH_PACKAGE_DIR}/_build_info.py" CONTENT [=[
+# What this detops_torch was built for; written by cmake/DetopsTorch.cmake. __init__.py compares
+# TORCH_VERSION with torch.__version__ before loading _C.so (a mismatched _C.so can abort Python).
+TORCH_VERSION = "@DETOPS_TORCH_VERSION@"
+CUDA = @_detops_torch_cuda_py@
+DETOPS_VERSION = "@PROJECT_VERSION@"
+]=] @ONLY)
+add_custom_target(detops_torch_python ALL DEPENDS ${_detops_torch_py_outputs})
+add_dependencies(detops_torch detops_torch_python)
+
+# ---------------------------------------------------------------------------------------------
+# Export and install, like detops::mpi: export set detopsTorchTargets. The Python package goes to
+# DETOPS_TORCH_PYTHON_INSTALL_DIR/detops_torch (scikit-build-core: the wheel's platlib root).
+if(SKBUILD)
+  set(_detops_torch_py_dest "detops_torch")
+else()
+  set(_detops_torch_py_dest "${DETOPS_TORCH_PYTHON_INSTALL_DIR}/detops_torch")
+endif()
+export(TARGETS detops_torch_headers detops_torch NAMESPACE detops::
+       FILE "${PROJECT_BINARY_DIR}/detopsTorchTargets.cmake")
+if(DETOPS_INSTALL OR SKBUILD)
+  install(TARGETS detops_torch_headers detops_torch EXPORT detopsTorchTargets
+    LIBRARY DESTINATION "${_detops_torch_py_dest}"
+    RUNTIME DESTINATION "${_detops_torch_py_dest}")
+  install(FILES ${_detops_torch_py} "${DETOPS_TORCH_PACKAGE_DIR}/_build_info.py"
+          DESTINATION "${_detops_torch_py_dest}")
+  if(DETOPS_INSTALL)
+    install(EXPORT detopsTorchTargets NAMESPACE detops:: DESTINATION "${DETOPS_INSTALL_CMAKEDIR}")
+  endif()
+endif()
