@@ -25,16 +25,25 @@
 #               (benchmarks/compare_torch_bn.py: compare-bn-gpu-<date>.{json,txt})
 #   sanitizer   compute-sanitizer over a few cases of each tests/*_cuda_test.cpp suite
 #               ("unsupported" when the machine's runtime refuses it: not a failure of detops)
+#   torch-build the PyTorch binding (cmake/DetopsTorch.cmake) in the same build directory,
+#               reconfigured with DETOPS_TORCH=ON for the picked Python's torch (libdetops' CUDA
+#               objects are reused, not recompiled): _C.so, the Python package, the LibTorch consumer
+#   torch       ctest -L torch: bindings/torch/tests (pytest, or unittest where the machine has no
+#               pytest), the Mask R-CNN smoke run and the LibTorch consumer; the counts of the
+#               Python tests inside (run, skipped) go into the summary
+#   maskrcnn    examples/torch/train_maskrcnn.py on CUDA (maskrcnn-gpu-<date>.json, also copied
+#               to $OUT/maskrcnn.json): per variant, runs identical or not, step time, peak memory
 #   plots       the charts from the JSON (also possible later, where the JSON is copied to)
-# The comparisons use the torch and torchvision already installed (the GPU machine has them and
-# no package registry: nothing is ever installed here); without them, or without a CUDA device
-# that torch can use, they are skipped with the reason.
+# The comparisons and the binding's phases use the torch and torchvision already installed (the
+# GPU machine has them and no package registry: nothing is ever installed here); without them, or
+# without a CUDA device that torch can use, they are skipped with the reason (the binding's phases
+# also when it did not configure or build).
 # Every phase is timed and gets at most its own cap and what is left of GPU_CHECK_BUDGET; one
 # that would get under 20 s is skipped and the summary says so. After every phase the summary
 # (benchmarks/results/gpu-<date>-summary.txt) and, when $OUT is set, $OUT/summary.txt and
-# $OUT/gpu-check.tgz (benchmarks/results/*gpu*-<date>* and build-gpu/gpu-check/*.log) are
-# rewritten, so a run stopped from outside still leaves what it finished. Unpack the archive in
-# the repository root: `tar xzf gpu-check.tgz`.
+# $OUT/gpu-check.tgz (benchmarks/results/*gpu*-<date>* and build-gpu/gpu-check/*.log), and
+# $OUT/maskrcnn.json once the demo has written it, are rewritten, so a run stopped from outside
+# still leaves what it finished. Unpack the archive in the repository root: `tar xzf gpu-check.tgz`.
 #   GPU_CHECK_BUDGET            seconds for the whole run (default 480)
 #   GPU_CHECK_PHASES            phases to run after the build (default: all, in the order above)
 #   DETOPS_CUDA_ARCHITECTURES   CUDA architectures (default 90: H100/H200)
@@ -48,6 +57,11 @@
 #                               --rounds 3 --tv-compile off --min-time 0.02)
 #   COMPARE_BN_ARGS             arguments for compare_torch_bn.py (default: --device cuda --shapes
 #                               res2,res5,box --modes default,exact --rounds 3 --min-time 0.01)
+#   MASKRCNN_ARGS               arguments for train_maskrcnn.py (default: --device cuda --steps 3
+#                               --size 512); it runs under `timeout 90` (MASKRCNN_TIMEOUT)
+#   GPU_CHECK_TORCH_CPU         1: run the binding's phases even where torch sees no CUDA device
+#                               (a dry run on a CPU machine: the CUDA tests skip; pass a CPU
+#                               MASKRCNN_ARGS)
 #   SANITIZER_TOOLS             compute-sanitizer tools (default "memcheck"; add racecheck,
 #                               initcheck when there is time; empty: the phase is skipped)
 #   SANITIZER_FILTER_<exe>      --gtest_filter for one executable (defaults: see sanitizer_filter)
@@ -103,6 +117,11 @@ sanitizer_txt=$logs/sanitizer-summary.txt
 ctest_out=$logs/ctest.txt
 ctest_async_out=$logs/ctest-async.txt
 nccl_skip_txt=$logs/nccl-skip.txt  # written by the tests phase (a subshell): the NCCL probe's verdict
+ctest_torch_out=$logs/ctest-torch.txt
+ctest_torch_full=$logs/ctest-torch-output.log  # ctest -V: every torch test's own output
+torch_state=$logs/torch-build.txt  # written by the torch-build phase (a subshell): "ok" or why not
+maskrcnn_json=$results/maskrcnn-gpu-$date.json
+maskrcnn_ran=0  # 1 once this run started the demo: an older JSON of the same date is not reported
 status=0
 phases=()
 gpu_visible=0
@@ -150,6 +169,8 @@ if [[ ! -d .deps/prefix || ! -d .deps/src/googletest ]]; then
   exit 2
 fi
 mkdir -p "$logs" "$results"
+# what an earlier run's binding phases left in the build directory must not reach this summary
+rm -f "$torch_state" "$ctest_torch_out" "$ctest_torch_full" "$logs/maskrcnn.log"
 
 left() { echo $((budget - SECONDS)); }
 
@@ -346,8 +367,10 @@ configure() {
   fi
   # the nvcc the driver was checked against
   [[ -n ${nvcc:-} ]] && cmake_args+=(-DCMAKE_CUDA_COMPILER="$nvcc")
+  # The torch binding stays OFF here (the torch-build phase turns it on): a torch whose CMake
+  # config fails must not cost the CUDA tests.
   # shellcheck disable=SC2086  # GPU_CHECK_CMAKE_ARGS is a list of words
-  limited cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON -DDETOPS_MPI=OFF \
+  limited cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDETOPS_CUDA=ON -DDETOPS_MPI=OFF -DDETOPS_TORCH=OFF \
         -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_PREFIX_PATH="$prefix;$gtest_prefix" "${cmake_args[@]}" ${GPU_CHECK_CMAKE_ARGS:-}
 }
 
@@ -532,6 +555,171 @@ run_compute_sanitizer() {
   return "$failed"
 }
 
+# Why the binding's phases cannot run (empty when they can): no torch/torchvision, no GPU, or a
+# torch that sees no CUDA device. GPU_CHECK_TORCH_CPU=1 lets a CPU-only torch through (dry runs).
+torch_blocker() {
+  if [[ -z $torch_info ]]; then echo "$torch_missing"
+  elif [[ ${GPU_CHECK_TORCH_CPU:-0} == 1 ]]; then return 0
+  elif [[ $gpu_visible != 1 ]]; then echo "no GPU visible"
+  elif [[ $torch_info != *"cuda True"* ]]; then echo "$python's ${torch_info% cuda*} sees no CUDA device"
+  fi
+}
+
+# The build directory as an absolute path (PYTHONPATH for the demo).
+build_abs() { if [[ $build == /* ]]; then echo "$build"; else echo "$root/$build"; fi; }
+
+# The binding, in the build directory of the phases above, reconfigured with DETOPS_TORCH=ON for
+# $python's torch. The first configure leaves it OFF, so that a torch whose CMake config fails
+# cannot cost the CUDA tests; reconfiguring the same directory keeps libdetops' objects (torch's
+# flags reach only the binding's targets), so only the binding's files compile. Torch's cached
+# find results are dropped first: a directory that once found another torch (a carried one that
+# saw Debian's libtorch) would otherwise keep that torch's library paths next to the new config.
+# Torch_DIR is left unset on purpose: cmake/DetopsTorch.cmake then puts the Python's
+# torch.utils.cmake_prefix_path first, which is also where TorchConfig's find_package(Caffe2) has
+# to look (with Torch_DIR given, a system Caffe2 -- Debian's -- would be found before pip's).
+# Writes $torch_state: "ok", or why the binding is not usable (the later phases skip with it).
+build_torch() {
+  local py cmake_args=() conf=$logs/torch-configure.txt line cuda out rc=0
+  echo "the torch-build phase did not finish" > "$torch_state"
+  py=$(command -v "$python") || { echo "binding: $python not found" | tee "$torch_state"; return 5; }
+  cmake_args=(-U Torch_DIR -U 'Caffe2_*' -U 'TORCH_*LIBRARY*' -U 'C10_*LIBRARY*' -U 'c10_*LIBRARY*'
+              -U 'CAFFE2_*LIBRARY*' -DDETOPS_TORCH=ON -DDETOPS_TORCH_PYTHON="$py")
+  echo "reconfiguring $build with ${cmake_args[*]}"
+  limited cmake -S . -B "$build" "${cmake_args[@]}" > "$conf" 2>&1
+  rc=$?
+  cat "$conf"
+  line=$(grep -m 1 -E 'detops: LibTorch .*torch binding ON' "$conf")
+  if ((rc != 0)) || [[ -z $line ]]; then
+    echo "the binding did not configure (cmake exit $rc): $(grep -m 1 -A 2 'CMake Error' "$conf" | tr -s ' \n' ' ' | cut -c 1-300)" |
+      tee "$torch_state"
+    return 5
+  fi
+  cuda=$(sed -nE 's/.*CUDA kernels (ON|OFF).*/\1/p' <<< "$line")
+  if [[ $cuda != ON && ${GPU_CHECK_TORCH_CPU:-0} != 1 ]]; then
+    echo "gpu-check: FAILED: the binding configured without its CUDA kernels ($line): the CUDA tests would skip"
+    rc=1
+  fi
+  echo "targets: detops_torch (_C.so) detops_torch_python detops_torch_consumer"
+  limited cmake --build "$build" -j "$jobs" --target detops_torch detops_torch_python detops_torch_consumer -- -k 0 || rc=1
+  if [[ ! -f $build/python/detops_torch/_C.so ]]; then
+    echo "the binding did not build ($build/python/detops_torch/_C.so missing)" | tee "$torch_state"
+    return 1
+  fi
+  # the import-time checks (torch version, _C.so's registrations) before minutes of tests
+  if ! out=$(PYTHONPATH="$(build_abs)/python" limited "$py" -c 'import detops_torch, torch; print("detops_torch", detops_torch.__version__, "from", detops_torch.__file__, "torch", torch.__version__)' 2>&1); then
+    echo "$out" | tail -n 15
+    # the first error is the cause (an undefined symbol, a version guard), the last what import saw
+    echo "detops_torch does not import: $(grep -E '^[A-Za-z.]*(Error|Exception)' <<< "$out" | sed -n '1p;$p' | uniq | cut -c 1-300 | paste -sd ';' -)" |
+      tee "$torch_state"
+    return 1
+  fi
+  echo "$out" | tail -n 1
+  echo ok > "$torch_state"
+  return "$rc"
+}
+
+# ctest -L torch: the tests stop at the phase's deadline less a margin (--stop-time: unlike
+# --timeout it also caps tests with their own TIMEOUT, 600 s for the Python ones), so that CTest
+# itself names a test that runs out of time and prints its summary. Verbose, into $ctest_torch_full: every test's own output
+# (prefixed "<test number>: ") is kept for the counts of the Python tests inside (a CUDA test that
+# skips passes as far as CTest is concerned); $ctest_torch_out is CTest's own lines, and a failed
+# test's output is shown after them.
+run_torch_tests() {
+  local t rc n
+  t=$(($(until_deadline) - 10))
+  ((t < 10)) && t=10
+  echo "ctest -L torch (stopping in ${t}s; torch.library.opcheck and torch.compile tests run on torch >= 2.1)"
+  limited ctest --test-dir "$build" -L torch -V -j 4 --stop-time "$(date -d "+$t seconds" +%H:%M:%S)" > "$ctest_torch_full" 2>&1
+  rc=$?
+  grep -vE '^[0-9]+: ' "$ctest_torch_full" > "$ctest_torch_out"
+  cat "$ctest_torch_out"
+  # shellcheck disable=SC2013  # test numbers, one a line
+  for n in $(sed -nE 's/^[0-9]+\/[0-9]+ Test +#([0-9]+): .*[*](Failed|Timeout|Exception|SEGFAULT|Not Run|Subprocess).*/\1/p' "$ctest_torch_out"); do
+    echo "---- test #$n's output (last 40 lines; all of it in $ctest_torch_full) ----"
+    grep -E "^$n: " "$ctest_torch_full" | tail -n 40
+  done
+  if ((rc == 124 || rc == 137)); then echo "ctest -L torch: stopped at the phase's limit (timeout)"; fi
+  return "$rc"
+}
+
+# The Python tests inside the torch tests: run, passed, failed, skipped, from unittest's "Ran N
+# tests ... OK (skipped=K)" and pytest's "N passed, K skipped in T s" lines.
+torch_py_counts() {
+  [[ -s $ctest_torch_full ]] || return 0
+  python3 - "$ctest_torch_full" << 'PY' || echo "(python3 could not read $ctest_torch_full)"
+import re, sys
+# ctest -V prefixes each test's lines with its number
+text = re.sub(r"(?m)^\d+: ", "", open(sys.argv[1], errors="replace").read())
+n = {"passed": 0, "failed": 0, "skipped": 0}
+reports = 0
+for m in re.finditer(r"^Ran (\d+) tests? in [\d.]+s\s*\n\s*(OK|FAILED)(?: \(([^)]*)\))?", text, re.M):
+    reports += 1
+    extra = {}
+    for kv in (m.group(3) or "").split(","):
+        if "=" in kv:
+            k, v = kv.split("=")
+            extra[k.strip()] = int(v)
+    failed = extra.get("failures", 0) + extra.get("errors", 0) + extra.get("unexpected successes", 0)
+    skipped = extra.get("skipped", 0) + extra.get("expected failures", 0)
+    n["failed"] += failed
+    n["skipped"] += skipped
+    n["passed"] += int(m.group(1)) - failed - skipped
+# pytest -q: "10 passed, 1 skipped, 17 subtests passed, 5 warnings in 55.97s"
+for m in re.finditer(r"^=*\s*(\d+ [a-z ]+(?:, \d+ [a-z ]+)*) in [\d.]+s", text, re.M):
+    counts = {w: int(c) for c, w in re.findall(r"(\d+) ([a-z ]+)", m.group(1))}
+    if not counts.keys() & {"passed", "failed", "skipped", "error", "errors"}:
+        continue
+    reports += 1
+    n["passed"] += counts.get("passed", 0) + counts.get("xfailed", 0)
+    n["failed"] += counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    n["skipped"] += counts.get("skipped", 0)
+if reports:
+    print(f"  Python tests inside ({reports} test files reported): {n['passed']} passed, {n['failed']} failed, "
+          f"{n['skipped']} skipped")
+PY
+}
+
+# The training demo on CUDA: every variant twice from one seed (identical hashes or not, step
+# time, peak memory); the script exits 1 when detops' runs differ.
+run_maskrcnn() {
+  local t=${MASKRCNN_TIMEOUT:-90} left rc
+  left=$(until_deadline)
+  ((t > left)) && t=$left
+  rm -f "$maskrcnn_json"
+  echo "train_maskrcnn.py ${MASKRCNN_ARGS:---device cuda --steps 3 --size 512} (up to ${t}s)"
+  # shellcheck disable=SC2086  # MASKRCNN_ARGS is a list of words
+  PYTHONPATH="$(build_abs)/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 \
+    timeout --kill-after=5 "$t" "$python" examples/torch/train_maskrcnn.py \
+    ${MASKRCNN_ARGS:---device cuda --steps 3 --size 512} --json "$maskrcnn_json"
+  rc=$?
+  ((rc == 124 || rc == 137)) && echo "train_maskrcnn.py: timed out after ${t}s (it writes its JSON at the end: none)"
+  return "$rc"
+}
+
+# The demo's figures for the summary: from its JSON, else the lines it printed before it stopped.
+maskrcnn_table() {
+  if [[ -s $maskrcnn_json ]]; then
+    python3 - "$maskrcnn_json" << 'PY' || echo "(python3 could not read $maskrcnn_json)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"Mask R-CNN demo ({d.get('gpu') or d.get('device')}, torch {d.get('torch')}, torchvision {d.get('torchvision')}, "
+      f"{d.get('steps')} steps, {d.get('size')} px x {d.get('images')} images, {d.get('rois')} RoIs)")
+print(f"{'variant':<28} {'runs':>10} {'median step':>12} {'peak memory':>12}  last step hash")
+for name, v in d.get("variants", {}).items():
+    peak = f"{v['peak_memory_bytes'] / 2**20:.0f} MiB" if v.get("peak_memory_bytes") else "-"
+    last = (v.get("hashes") or [[]])[0]
+    last = str(last[-1])[:16] if last else "-"
+    print(f"{name:<28} {'identical' if v.get('runs_identical') else 'DIFFER':>10} "
+          f"{v.get('median_step_s', 0) * 1e3:>9.0f} ms {peak:>12}  {last}")
+    for w in v.get("nondeterminism_warnings", []):
+        print(f"  torch warned: {w[:120]}")
+PY
+  elif [[ -s $logs/maskrcnn.log ]]; then
+    echo "Mask R-CNN demo: no JSON; what it printed:"
+    grep -E '^[a-z-]+: runs (IDENTICAL|DIFFER)|timed out|Error' "$logs/maskrcnn.log" | head -n 10
+  fi
+}
+
 # The charts are a convenience (they can be drawn later from the JSON): a chart that cannot be
 # drawn is reported, not a failure.
 run_plots() {
@@ -605,7 +793,11 @@ test_counts() {
   [[ -s $log ]] || { echo "$label: not run"; return; }
   local line passed failed skipped total
   line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
-  [[ -n $line ]] || { echo "$label: CTest printed no summary (see $log)"; return; }
+  if [[ -z $line ]]; then  # stopped from outside: what finished before
+    echo "$label: CTest printed no summary (stopped?); $(grep -cE '^[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' "$log") passed before that (see $log)"
+    grep -E '^[0-9]+/[0-9]+ Test +#[0-9]+: .*[*]' "$log" | head -n 20
+    return
+  fi
   skipped=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$log")
   failed=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<< "$line")
   total=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<< "$line")
@@ -626,6 +818,11 @@ write_summary() {
       echo "NCCL tests: $(sed -n 3p "$nccl_skip_txt") skipped, not failed: the machine refuses NCCL's bootstrap: $(sed -n 2p "$nccl_skip_txt")"
     fi
     if [[ -s $sanitizer_txt ]]; then echo "compute-sanitizer:"; cat "$sanitizer_txt"; fi
+    [[ -s $torch_state && $(< "$torch_state") != ok ]] && echo "torch binding: $(< "$torch_state")"
+    if [[ -s $ctest_torch_out ]]; then
+      test_counts "$ctest_torch_out" "torch tests (ctest -L torch)"
+      torch_py_counts
+    fi
     echo
     bench_table
     echo
@@ -633,6 +830,7 @@ write_summary() {
     echo
     if [[ -s $compare_bn_txt ]]; then cat "$compare_bn_txt"; else echo "(no torch BatchNorm2d comparison)"; fi
     echo
+    if [[ $maskrcnn_ran == 1 ]]; then maskrcnn_table; echo; fi
     echo "results: $results/*gpu*-$date*; logs: $logs/"
     echo "gpu-check: $([[ $status -eq 0 ]] && echo "PASSED so far" || echo FAILED)"
   } > "$summary.tmp" && mv "$summary.tmp" "$summary"
@@ -648,6 +846,7 @@ publish() {
   # shellcheck disable=SC2046
   tar czf "$OUT/gpu-check.tgz.tmp" $(ls -d "$results"/*gpu*-"$date"* "$logs"/*.log "$logs"/*.txt 2> /dev/null) 2> /dev/null &&
     mv "$OUT/gpu-check.tgz.tmp" "$OUT/gpu-check.tgz"
+  if [[ $maskrcnn_ran == 1 && -s $maskrcnn_json ]]; then cp "$maskrcnn_json" "$OUT/maskrcnn.json"; fi
 }
 
 # The summary, PASSED or FAILED, and the exit status.
@@ -700,6 +899,26 @@ if phase gtest 180 build_googletest && phase configure 120 configure; then
     else
       phase sanitizer 120 run_compute_sanitizer "$cs"
     fi
+  fi
+  # The PyTorch binding: its build, its tests (CUDA ones included), then the Mask R-CNN demo.
+  # Each skips with the reason: no torch, no CUDA device for it, or no binding (torch_state).
+  if wanted torch-build || wanted torch || wanted maskrcnn; then
+    if why=$(torch_blocker) && [[ -n $why ]]; then
+      skip_phase torch-build "skipped: $why"
+    else
+      phase torch-build 180 build_torch
+    fi
+    torch_why=$([[ -s $torch_state ]] && sed -n 1p "$torch_state")
+    for name in torch maskrcnn; do
+      wanted "$name" || continue
+      if why=$(torch_blocker) && [[ -n $why ]]; then skip_phase "$name" "skipped: $why"
+      elif [[ $torch_why != ok ]]; then skip_phase "$name" "skipped: ${torch_why:-the torch-build phase did not run}"
+      elif [[ $name == torch ]]; then phase torch 150 run_torch_tests
+      else
+        maskrcnn_ran=1
+        phase maskrcnn 100 run_maskrcnn
+      fi
+    done
   fi
   if wanted plots && [[ -s $compare_json || -s $compare_bn_json ]]; then phase plots 40 run_plots; fi
 fi
