@@ -148,7 +148,9 @@ endif()
 function(_detops_find_torch mode py_prefix)
   # pip's torch carries its TorchConfig.cmake; Debian's torch.utils.cmake_prefix_path points at a
   # directory that does not exist (its config is in lib/<triplet>/cmake/Torch, the default search).
-  if(EXISTS "${py_prefix}/Torch/TorchConfig.cmake" AND NOT Torch_DIR)
+  # Prepended even when Torch_DIR is set: TorchConfig then finds Caffe2 (and the rest) of the same
+  # torch, not a system one (measured: pip's Torch_DIR with Debian's libtorch-dev found Debian's).
+  if(EXISTS "${py_prefix}/Torch/TorchConfig.cmake")
     list(PREPEND CMAKE_PREFIX_PATH "${py_prefix}")
   endif()
   if(mode STREQUAL "ON")

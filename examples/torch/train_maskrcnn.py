@@ -241,9 +241,10 @@ def main(argv=None):
         # detops' promise: identical runs; torchvision's atomic CUDA path is expected to differ
         if v == "detops" or device.type == "cpu":
             ok = ok and identical
+        if args.json:  # after every variant: a run stopped by a time limit keeps what it finished
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=2)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
         print(f"wrote {args.json}")
     return 0 if ok else 1
 
