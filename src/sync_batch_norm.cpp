@@ -587,8 +587,10 @@ void sync_batch_norm_finalize_stats(const TensorView& gathered, const SyncBnPara
   const NamedView sc{"scales", exact ? &scales : &absent_view()}, g{"gathered", &gathered},
       sm{"save_mean", &save_mean}, si{"save_invstd", &save_invstd}, w{"weight", &params.weight},
       b{"bias", &params.bias};
-  internal::check_disjoint(op, sm, {sc});
-  internal::check_disjoint(op, si, {sc});
+  // weight and bias are not read here, but an output inside them would corrupt the apply phase's
+  // parameters: refused like any output that shares memory with an argument of the call.
+  internal::check_disjoint(op, sm, {sc, w, b});
+  internal::check_disjoint(op, si, {sc, w, b});
   if (running && opts.training) {  // updated in place
     internal::check_disjoint(op, {"running_mean", &params.running_mean}, {g, sc, sm, si, w, b});
     internal::check_disjoint(op, {"running_var", &params.running_var}, {g, sc, sm, si, w, b});

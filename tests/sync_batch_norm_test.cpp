@@ -1546,6 +1546,39 @@ TEST(SyncBnBadInput, RunningStatisticsMustNotOverlapWhatTheyAreUpdatedBetween) {
   }
 }
 
+// finalize_stats does not read weight and bias, but an output inside them would corrupt the apply
+// phase's parameters (found by the sync_bn_phases fuzz target: save_mean inside bias).
+TEST(SyncBnBadInput, FinalizeStatsOutputsMustNotOverlapTheParameters) {
+  const std::int64_t C = 2;
+  for (const bool in_bias : {false, true}) {
+    for (const bool mean_output : {true, false}) {
+      Tensor w = make_tensor({C}, DType::kFloat64, {1.0, 2.0}), b = make_tensor({C}, DType::kFloat64, {0.5, -0.5});
+      const Tensor x = make_tensor({2, C, 2, 2}, DType::kFloat64, random_values(16, 3));
+      Tensor record = Tensor::empty({sync_batch_norm_record_words(C, SyncBnMode::kDefault)}, DType::kInt64);
+      sync_batch_norm_local_stats(x, record, SyncBnMode::kDefault);
+      const TensorView gathered(record.view().data, DType::kInt64, Device::cpu(), {1, record.view().sizes[0]});
+      Tensor other = Tensor::empty({C}, DType::kFloat64);
+      other.fill_bytes(0xAB);
+      const TensorView inside((in_bias ? b : w).view().data, DType::kFloat64, Device::cpu(), {C});
+      const std::vector<double> w_before = to_vector(w), b_before = to_vector(b);
+      const char* expect = in_bias ? (mean_output ? "save_mean overlaps bias" : "save_invstd overlaps bias")
+                                   : (mean_output ? "save_mean overlaps weight" : "save_invstd overlaps weight");
+      try {
+        sync_batch_norm_finalize_stats(gathered, SyncBnParams{w, b, {}, {}, {}}, mean_output ? inside : other.view(),
+                                       mean_output ? other.view() : inside);
+        ADD_FAILURE() << expect << ": no error";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(to_vector(w), w_before);
+      EXPECT_EQ(to_vector(b), b_before);
+      const auto* q = static_cast<const unsigned char*>(other.view().data);
+      for (std::size_t i = 0; i < other.nbytes(); ++i) ASSERT_EQ(q[i], 0xAB) << expect;
+    }
+  }
+}
+
 TEST(SyncBnBadInput, BackwardArguments) {
   Layer l(3);
   l.forward(nullptr);
