@@ -73,8 +73,9 @@ DETOPS_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 }
 
 // IEEE binary16 on the host, round to nearest even, with overflow to inf, subnormals, and NaN kept
-// (quiet, with its sign and top 10 payload bits; the device's __float2half_rn need not keep them). Branch-free, so that the CPU loops storing half vectorize: every case is
-// computed and one is selected.
+// (quiet, with its sign and top 10 payload bits; the device's __float2half_rn need not keep them).
+// Branch-free, so that the CPU loops storing half vectorize: every case is computed and one is
+// selected.
 //   * normal results: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest
 //     even by adding 0xfff plus the kept last bit before the shift (a carry may step into the
 //     exponent, which is the correct result);
@@ -113,7 +114,8 @@ DETOPS_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) {
 }
 
 // bfloat16 is the top half of a float32: round to nearest even; on the host a NaN is kept quiet
-// with its sign and payload (the device's __float2bfloat16_rn need not: below sm_80 it returns 0x7fff).
+// with its sign and payload (the device's __float2bfloat16_rn need not: below sm_80 it returns
+// 0x7fff).
 DETOPS_HOST_DEVICE inline std::uint16_t float_to_bfloat16_bits(float f) {
   const std::uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
