@@ -21,14 +21,9 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from . import nn as _dnn
-from .functional import BACKWARD_MODES, POOL_MODES, TRUNCATIONS, _roi_align, check_choice
+from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
 
 __all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
-
-
-def _check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
-    check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
-    check_choice(owner, "truncation", truncation, TRUNCATIONS)
 
 
 class ROIAlign(nn.Module):
@@ -37,7 +32,7 @@ class ROIAlign(nn.Module):
     def __init__(self, output_size, spatial_scale, sampling_ratio, aligned=True, *, backward_mode: str = "exact",
                  truncation: str = "float16"):
         super().__init__()
-        _check_roi_options("ROIAlign", backward_mode, truncation)
+        check_roi_options("ROIAlign", backward_mode, truncation)
         self.output_size = output_size
         self.spatial_scale = spatial_scale
         self.sampling_ratio = sampling_ratio
@@ -108,7 +103,7 @@ class RoIAlign(nn.Module):
                  use_torchvision=False, *, backward_mode: str = "exact", truncation: str = "float16"):
         super().__init__()
         check_choice("RoIAlign", "pool_mode", pool_mode, POOL_MODES)
-        _check_roi_options("RoIAlign", backward_mode, truncation)
+        check_roi_options("RoIAlign", backward_mode, truncation)
         self.output_size = _pair(output_size)
         self.spatial_scale = float(spatial_scale)
         self.sampling_ratio = int(sampling_ratio)

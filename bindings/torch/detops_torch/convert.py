@@ -14,7 +14,7 @@ from torch import nn
 
 from . import compat
 from . import nn as _dnn
-from .functional import BACKWARD_MODES, TRUNCATIONS, check_choice
+from .functional import check_roi_options
 
 __all__ = ["convert", "TARGETS"]
 
@@ -127,8 +127,7 @@ def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.
         "backward_mode": options.get("backward_mode", "exact"),
         "truncation": options.get("truncation", "float16"),
     }
-    check_choice("convert", "backward_mode", opts["backward_mode"], BACKWARD_MODES)
-    check_choice("convert", "truncation", opts["truncation"], TRUNCATIONS)
+    check_roi_options("convert", opts["backward_mode"], opts["truncation"])
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert: model is a {type(model).__name__}; expected a torch.nn.Module")
     if isinstance(model, torch.jit.ScriptModule):

@@ -47,6 +47,12 @@ def check_choice(owner: str, name: str, value: str, allowed: Tuple[str, ...]) ->
         )
 
 
+def check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
+    """Raises ValueError unless backward_mode and truncation are ones detops knows."""
+    check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
+    check_choice(owner, "truncation", truncation, TRUNCATIONS)
+
+
 def boxes_to_rois(boxes: List[Tensor]) -> Tensor:
     """Converts per-image ``[L, 4]`` boxes to ``[K, 5]`` rois (batch index first), as torchvision
     does (same dtype and device; the index column is written in the boxes' dtype)."""

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from .functional import BACKWARD_MODES, TRUNCATIONS, _roi_align, boxes_to_rois, check_choice
+from .functional import _roi_align, boxes_to_rois, check_roi_options
 
 __all__ = ["RoIAlign", "MultiScaleRoIAlign", "FrozenBatchNorm2d", "convert_frozen_batchnorm"]
 
@@ -63,11 +63,6 @@ except ImportError:  # pragma: no cover - torchvision is installed wherever the 
         return scales, LevelMapper(int(lvl_min), int(lvl_max), canonical_scale, canonical_level)
 
 
-def _check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
-    check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
-    check_choice(owner, "truncation", truncation, TRUNCATIONS)
-
-
 class RoIAlign(nn.Module):
     """torchvision's ``RoIAlign`` (see :func:`detops_torch.roi_align`)."""
 
@@ -82,7 +77,7 @@ class RoIAlign(nn.Module):
         truncation: str = "float16",
     ):
         super().__init__()
-        _check_roi_options(type(self).__name__, backward_mode, truncation)
+        check_roi_options(type(self).__name__, backward_mode, truncation)
         self.output_size = output_size
         self.spatial_scale = spatial_scale
         self.sampling_ratio = sampling_ratio
@@ -163,7 +158,7 @@ class MultiScaleRoIAlign(nn.Module):
         truncation: str = "float16",
     ):
         super().__init__()
-        _check_roi_options(type(self).__name__, backward_mode, truncation)
+        check_roi_options(type(self).__name__, backward_mode, truncation)
         if isinstance(output_size, int):
             output_size = (output_size, output_size)
         self.featmap_names = featmap_names
