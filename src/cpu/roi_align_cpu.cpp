@@ -383,10 +383,10 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
       else pl[off] = static_cast<Target>(from_double<Target>(static_cast<double>(sum)));
     };
     const Corners o = corners(p, ts.s2, ts.s3);
-    add(o.o1, g * static_cast<V>(p.w1) / den);
-    add(o.o2, g * static_cast<V>(p.w2) / den);
-    add(o.o3, g * static_cast<V>(p.w3) / den);
-    add(o.o4, g * static_cast<V>(p.w4) / den);
+    add(o.o1, detail::scatter_contribution(g, p.w1, den));
+    add(o.o2, detail::scatter_contribution(g, p.w2, den));
+    add(o.o3, detail::scatter_contribution(g, p.w3, den));
+    add(o.o4, detail::scatter_contribution(g, p.w4, den));
   };
   for (std::int64_t ph = 0; ph < s.PH; ++ph)
     for (std::int64_t pw = 0; pw < s.PW; ++pw) {
@@ -394,9 +394,7 @@ void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<
       V g[G];
       for (int i = 0; i < G; ++i) {
         const acc_t<T> ga = to_acc(go_k[i * go.s1 + ph * go.s2 + pw * go.s3]);
-        g[i] = rounding != detail::GradRounding::kNone
-                   ? static_cast<V>(detail::truncate_gradient(static_cast<double>(ga), rounding))
-                   : static_cast<V>(ga);
+        g[i] = detail::scatter_gradient<V>(ga, rounding);
       }
       if (!am_k) {
         for (std::int64_t j = 0; j < per_bin; ++j) {

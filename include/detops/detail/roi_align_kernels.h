@@ -189,6 +189,19 @@ DETOPS_HOST_DEVICE inline double truncate_gradient(double g, GradRounding r) {
   return g;
 }
 
+/// An incoming gradient as the scatter modes use it, in their contribution type V: rounded as
+/// `r` prescribes (kTruncated), or as it is (kAtomic, r = kNone).
+template <class V, class A>
+DETOPS_HOST_DEVICE inline V scatter_gradient(A g, GradRounding r) {
+  return r == GradRounding::kNone ? static_cast<V>(g) : static_cast<V>(truncate_gradient(static_cast<double>(g), r));
+}
+
+/// One corner's contribution, (g * w) / count in V: torchvision's order (count = 1 for max pooling).
+template <class V, class W>
+DETOPS_HOST_DEVICE inline V scatter_contribution(V g, W w, V count) {
+  return g * static_cast<V>(w) / count;
+}
+
 /// V is the type contributions are computed in: acc_t<T> for kAtomic, double for kTruncated.
 template <class T, class V, class Add>
 DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i, const BackwardArgs<T>& a,
@@ -199,16 +212,13 @@ DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i
   const RoiBox<A> box = load_roi_box<A>(a.rois, bi.k, s);
   if (box.batch < 0) return;
   const A g_acc = to_acc(a.grad_output[bi.k * a.go.s0 + bi.c * a.go.s1 + bi.ph * a.go.s2 + bi.pw * a.go.s3]);
-  V g;
-  if (rounding != GradRounding::kNone) g = static_cast<V>(truncate_gradient(static_cast<double>(g_acc), rounding));
-  else g = static_cast<V>(g_acc);
+  const V g = scatter_gradient<V>(g_acc, rounding);
   const std::int64_t base = box.batch * a.gi.s0 + bi.c * a.gi.s1;
   auto scatter = [&](const Bilinear<A>& b, V scale_num, V scale_den) {
-    // (g * w) / count, torchvision's order; count = 1 for max pooling
-    add(base + b.y_low * a.gi.s2 + b.x_low * a.gi.s3, scale_num * static_cast<V>(b.w1) / scale_den);
-    add(base + b.y_low * a.gi.s2 + b.x_high * a.gi.s3, scale_num * static_cast<V>(b.w2) / scale_den);
-    add(base + b.y_high * a.gi.s2 + b.x_low * a.gi.s3, scale_num * static_cast<V>(b.w3) / scale_den);
-    add(base + b.y_high * a.gi.s2 + b.x_high * a.gi.s3, scale_num * static_cast<V>(b.w4) / scale_den);
+    add(base + b.y_low * a.gi.s2 + b.x_low * a.gi.s3, scatter_contribution(scale_num, b.w1, scale_den));
+    add(base + b.y_low * a.gi.s2 + b.x_high * a.gi.s3, scatter_contribution(scale_num, b.w2, scale_den));
+    add(base + b.y_high * a.gi.s2 + b.x_low * a.gi.s3, scatter_contribution(scale_num, b.w3, scale_den));
+    add(base + b.y_high * a.gi.s2 + b.x_high * a.gi.s3, scatter_contribution(scale_num, b.w4, scale_den));
   };
   if (!a.max_pool) {
     const V count = static_cast<V>(box.grid_h * box.grid_w);
@@ -458,9 +468,8 @@ DETOPS_HOST_DEVICE inline double truncated_run_sum(const GatherArgs<T>& a, std::
   double acc = 0.0;
   for (std::int64_t r = begin; r < end; ++r) {
     if (!exact_slot_active(a, r, c)) continue;
-    const double g = truncate_gradient(static_cast<double>(to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c])),
-                                       a.rounding);
-    acc += g * static_cast<double>(a.weights[r]) / a.divisors[r];
+    const double g = scatter_gradient<double>(to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c]), a.rounding);
+    acc += scatter_contribution(g, a.weights[r], a.divisors[r]);  // the CPU scatter's contribution
   }
   return acc;
 }
