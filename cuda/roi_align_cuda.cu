@@ -14,6 +14,7 @@
 
 #include "cuda_check.cuh"
 #include "detops/detail/roi_align_kernels.h"
+#include "gather_backward.cuh"
 #include "internal/roi_align_backend.h"
 #include "internal/scratch.h"
 
@@ -80,16 +81,11 @@ __global__ void enumerate_kernel(detail::EnumerateArgs<A> a, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::roi_align_exact_enumerate_bin(t, a);
 }
 
+/// RoIAlign's own slot fields into sorted order (the engine permutes weights and sources).
 template <class A>
-__global__ void permute_kernel(const std::int64_t* sorted_ids, detail::ExactRecords<A> from, detail::ExactRecords<A> to,
-                               std::int64_t n) {
-  DETOPS_GRID_STRIDE(r, n) detail::roi_align_exact_permute(r, sorted_ids, from, to);
-}
-
-template <class T>
-__global__ void gather_kernel(detail::GatherArgs<T> a, const std::int64_t* num_runs, bool channels_last) {
-  // *num_runs: written on the device by CUB's run-length encode (the host never learns it)
-  DETOPS_GRID_STRIDE(t, *num_runs * a.shape.C) detail::roi_align_exact_gather_element(t, a, channels_last, *num_runs);
+__global__ void permute_extras_kernel(const std::int64_t* sorted_ids, detail::ExactRecords<A> from,
+                                      detail::ExactRecords<A> to, std::int64_t n) {
+  DETOPS_GRID_STRIDE(r, n) detail::roi_align_permute_extras(r, sorted_ids, from, to);
 }
 
 /// Phase 3 of the float64 truncated mode: the scatter's contributions in the CPU's order.
@@ -131,73 +127,52 @@ void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
   check_launch("fill_zero_kernel", op, ctx);
 }
 
-int key_bits(const detail::RoiAlignShape& s) {
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
-  int bits = 1;
-  while (bits < 64 && (sentinel >> bits) != 0) ++bits;
-  return bits;
-}
-
-/// The exact mode's device workspace, in one fixed order (used for sizing and for carving). The
-/// float64 truncated mode uses it too, with divisors (`with_divisors`).
+/// The exact mode's device workspace, in one fixed order (used for sizing and for carving): the
+/// engine's arrays, RoIAlign's own slot fields (unsorted and sorted), and the per-roi counts and
+/// offsets. The float64 truncated mode uses it too, with divisors (`with_divisors`).
 template <class A>
 struct ExactDeviceBuffers {
-  detail::ExactRecords<A> slots{};
+  GatherCudaBuffers<A> engine{};
+  detail::ExactRecords<A> slots{};   // views: the engine's records plus the extras below
   detail::ExactRecords<A> sorted{};
   std::int64_t* counts = nullptr;
   std::int64_t* roi_offsets = nullptr;
-  std::uint64_t* run_keys = nullptr;
-  std::int64_t* run_lengths = nullptr;
-  std::int64_t* run_offsets = nullptr;
-  std::int64_t* num_runs = nullptr;
-  void* temp = nullptr;
-  std::size_t temp_bytes = 0;
 };
 
-/// CUB's run-length encode counts items in int: the exact mode (and float64 truncated) is limited
-/// to 2^31 - 1 slots.
-void check_slot_count(std::int64_t cap, const char* op) {
-  if (cap > std::numeric_limits<int>::max())
-    fail(ErrorCode::kOutOfMemory, "{}: the exact mode (and float64 truncated) needs {} slots here; at most 2^31 - 1 "
-         "are supported (use a fixed sampling_ratio or fewer rois per call)", op, cap);
-}
+std::uint64_t sentinel_of(const detail::RoiAlignShape& s) { return static_cast<std::uint64_t>(s.N * s.H * s.W); }
 
+/// CUB's temporary bytes: the engine's phase 2, and the scan of the per-roi counts.
 template <class A>
 std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
-  check_slot_count(cap, op);
-  std::size_t sort = 0, rle = 0, scan_runs = 0, scan_rois = 0;
-  DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const std::uint64_t*>(nullptr),
-                                                    static_cast<std::uint64_t*>(nullptr),
-                                                    static_cast<const std::int64_t*>(nullptr),
-                                                    static_cast<std::int64_t*>(nullptr), cap, 0, key_bits(s)),
-                    op);
-  DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const std::uint64_t*>(nullptr),
-                                                       static_cast<std::uint64_t*>(nullptr),
-                                                       static_cast<std::int64_t*>(nullptr),
-                                                       static_cast<std::int64_t*>(nullptr), static_cast<int>(cap)),
-                    op);
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_runs, static_cast<const std::int64_t*>(nullptr),
-                                                  static_cast<std::int64_t*>(nullptr), cap),
-                    op);
+  std::size_t scan_rois = 0;
   DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_rois, static_cast<const std::int64_t*>(nullptr),
                                                   static_cast<std::int64_t*>(nullptr), s.K + 1),
                     op);
-  return std::max({sort, rle, scan_runs, scan_rois, std::size_t{1}});
+  return std::max(gather_cuda_temp_bytes(cap, sentinel_of(s), op), scan_rois);
+}
+
+template <class A>
+void add_extras(WorkspaceLayout& l, std::int64_t cap, bool with_divisors) {
+  l.add<std::int64_t>(cap);
+  l.add<std::int32_t>(cap);
+  if (with_divisors) l.add<double>(cap);
+}
+template <class A>
+void take_extras(WorkspaceLayout& l, detail::ExactRecords<A>& r, bool with_divisors) {
+  r.am_offsets = l.take<std::int64_t>();
+  r.samples = l.take<std::int32_t>();
+  r.divisors = with_divisors ? l.take<double>() : nullptr;
 }
 
 template <class A>
 WorkspaceLayout exact_device_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes,
                                     bool with_divisors) {
   WorkspaceLayout l;
-  add_records<A>(l, cap, true, with_divisors);  // slots
-  add_records<A>(l, cap, true, with_divisors);  // sorted (the sort writes keys and ids)
+  add_gather_cuda<A>(l, cap, temp_bytes);
+  add_extras<A>(l, cap, with_divisors);  // slots
+  add_extras<A>(l, cap, with_divisors);  // sorted
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(s.K + 1);
-  l.add<std::uint64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(1);
-  l.add_bytes(temp_bytes);
   return l;
 }
 
@@ -205,16 +180,20 @@ template <class A>
 ExactDeviceBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes, bool with_divisors) {
   l.bind(base);
   ExactDeviceBuffers<A> b;
-  b.slots = take_records<A>(l, with_divisors);
-  b.sorted = take_records<A>(l, with_divisors);
+  b.engine = take_gather_cuda<A>(l, temp_bytes);
+  const GatherCudaBuffers<A>& g = b.engine;
+  b.slots.keys = g.records.keys;
+  b.slots.ids = g.records.ids;
+  b.slots.weights = g.records.weights;
+  b.slots.go_offsets = g.records.sources;
+  take_extras<A>(l, b.slots, with_divisors);
+  b.sorted.keys = g.sorted_keys;
+  b.sorted.ids = g.sorted_ids;
+  b.sorted.weights = g.sorted_weights;
+  b.sorted.go_offsets = g.sorted_sources;
+  take_extras<A>(l, b.sorted, with_divisors);
   b.counts = l.take<std::int64_t>();
   b.roi_offsets = l.take<std::int64_t>();
-  b.run_keys = l.take<std::uint64_t>();
-  b.run_lengths = l.take<std::int64_t>();
-  b.run_offsets = l.take<std::int64_t>();
-  b.num_runs = l.take<std::int64_t>();
-  b.temp = l.take<unsigned char>();
-  b.temp_bytes = temp_bytes;
   return b;
 }
 
@@ -240,45 +219,37 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
          layout.bytes());
   ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, truncated);
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  const std::uint64_t sentinel = sentinel_of(s);
 
   zero_fill<T>(call.features, ctx, op);
   // Phase 1: slot offsets per roi, then enumerate.
   count_kernel<A><<<grid_for(s.K + 1), kBlock, 0, stream>>>(rois, s, b.counts);
   check_launch("count_kernel", op, ctx);
-  std::size_t tb = b.temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.counts, b.roi_offsets, s.K + 1, stream), op);
+  std::size_t tb = temp_bytes;
+  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.engine.temp, tb, b.counts, b.roi_offsets, s.K + 1, stream), op);
   init_slots_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.slots, cap, sentinel);
   check_launch("init_slots_kernel", op, ctx);
   detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
                               call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0}, b.slots};
   enumerate_kernel<A><<<grid_for(s.K * s.PH * s.PW), kBlock, 0, stream>>>(ea, s.K * s.PH * s.PW);
   check_launch("enumerate_kernel", op, ctx);
-  // Phase 2: stable radix sort by position, permute, cut into runs.
-  tb = b.temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(b.temp, tb, b.slots.keys, b.sorted.keys, b.slots.ids, b.sorted.ids,
-                                                    cap, 0, key_bits(s), stream),
-                    op);
-  permute_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.sorted.ids, b.slots, b.sorted, cap);
-  check_launch("permute_kernel", op, ctx);
-  DETOPS_CUDA_CHECK(cudaMemsetAsync(b.run_lengths, 0, static_cast<std::size_t>(cap) * sizeof(std::int64_t), stream), op);
-  tb = b.temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(b.temp, tb, b.sorted.keys, b.run_keys, b.run_lengths,
-                                                       b.num_runs, static_cast<int>(cap), stream),
-                    op);
-  tb = b.temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.temp, tb, b.run_lengths, b.run_offsets, cap, stream), op);
+  // Phase 2: the engine's stable radix sort by position, permutation and runs; then RoIAlign's
+  // own slot fields in sorted order.
+  const detail::GatherSorted<A> sorted = gather_sort_cuda(b.engine, cap, sentinel, ctx, op);
+  permute_extras_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.sorted.ids, b.slots, b.sorted, cap);
+  check_launch("permute_extras_kernel", op, ctx);
   // Phase 3: one fixed-order sum per (run, channel).
-  detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
+  detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, sorted.run_keys, sorted.run_offsets,
+                                                 sorted.run_lengths);
   ga.rounding = rounding;
   const bool channels_last = channels_innermost(call.features);
-  const unsigned grid = grid_for(std::min(cap, s.N * s.H * s.W + 1) * s.C);
+  const std::int64_t max_runs = std::min(cap, s.N * s.H * s.W + 1);
   if (truncated) {
-    truncated_gather_kernel<T><<<grid, kBlock, 0, stream>>>(ga, b.num_runs, channels_last);
+    truncated_gather_kernel<T><<<grid_for(max_runs * s.C), kBlock, 0, stream>>>(ga, b.engine.num_runs, channels_last);
     check_launch("truncated_gather_kernel", op, ctx);
   } else {
-    gather_kernel<T><<<grid, kBlock, 0, stream>>>(ga, b.num_runs, channels_last);
-    check_launch("gather_kernel", op, ctx);
+    gather_sum_cuda(detail::roi_gather_sum_args(ga), b.engine.num_runs, max_runs, channels_last,
+                    detail::roi_gather_target(ga), ctx, op, ga.active);
   }
 }
 

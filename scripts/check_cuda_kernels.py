@@ -4,7 +4,8 @@
 No GPU is needed to test a kernel's logic when the kernel is a thin wrapper: its body is one call
 into a __host__ __device__ helper, and a CPU test runs that helper over an emulated grid (as
 tests/roi_align_emulated_test.cpp does). What only a GPU can check is then CUB, NCCL, streams and
-the hardware. This script lists every __global__ function in cuda/*.cu and fails unless either
+the hardware. This script lists every __global__ function in cuda/*.cu and cuda/*.cuh (shared
+engines such as the gather-backward one) and fails unless either
   (a) its body is a single call statement -- alone, or as the body of a DETOPS_GRID_STRIDE loop,
       after any __shared__ declarations -- into a helper whose name a cpu-labelled test source
       calls (tests/<name>_test.cpp other than *_cuda_test.cpp and large_*, the naming rule of
@@ -300,7 +301,7 @@ def check(kernels, tests, allowed):
 def run_check(root):
     cuda_dir, tests_dir = root / "cuda", root / "tests"
     kernels = []
-    for cu in sorted(cuda_dir.glob("*.cu")):
+    for cu in sorted(list(cuda_dir.glob("*.cu")) + list(cuda_dir.glob("*.cuh"))):
         text = strip_source(cu.read_text(encoding="utf-8", errors="replace"))
         kernels += find_kernels(text, cu.relative_to(root))
     if not kernels:
@@ -308,7 +309,7 @@ def run_check(root):
         return 1
     tests = [(p.relative_to(root).as_posix(), test_text(p, tests_dir)) for p in cpu_test_sources(tests_dir)]
     results = check(kernels, tests, ALLOWED)
-    print(f"__global__ functions in cuda/*.cu -> helper -> cpu-labelled tests that call it "
+    print(f"__global__ functions in cuda/*.cu[h] -> helper -> cpu-labelled tests that call it "
           f"({len(tests)} cpu test sources searched)")
     for verdict, _, line in results:
         print(f"  {verdict:<5} {line}")

@@ -157,7 +157,11 @@ void emulate_exact_into(const Case& c, const TensorView& gi, bool channels_last_
   std::stable_sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
   detail::ExactRecords<A> to{nullptr, nullptr, sw.data(), sgo.data(), sam.data(), ssmp.data(),
                              truncated ? sdiv.data() : nullptr};
-  for (std::int64_t r = 0; r < cap; ++r) detail::roi_align_exact_permute(r, sorted.data(), rec, to);
+  // the engine's permute_records_kernel, then RoIAlign's permute_extras_kernel
+  for (std::int64_t r = 0; r < cap; ++r) {
+    detail::gather_permute_record(r, sorted.data(), rec.weights, rec.go_offsets, to.weights, to.go_offsets);
+    detail::roi_align_permute_extras(r, sorted.data(), rec, to);
+  }
   std::vector<std::uint64_t> run_keys;
   std::vector<std::int64_t> run_offsets, run_lengths;
   for (std::int64_t r = 0; r < cap; ++r) {
@@ -173,27 +177,22 @@ void emulate_exact_into(const Case& c, const TensorView& gi, bool channels_last_
     detail::fill_zero_element(i, static_cast<T*>(gi.data), st(gi), s.C, s.H, s.W);
   if (cap == 0 || s.K == 0) return;
   detail::GatherArgs<T> ga{};
-  ga.run_keys = run_keys.data();
-  ga.run_offsets = run_offsets.data();
-  ga.run_lengths = run_lengths.data();
-  ga.weights = sw.data();
-  ga.go_offsets = sgo.data();
-  ga.am_offsets = sam.data();
-  ga.samples = ssmp.data();
+  ga.sorted = {run_keys.data(), run_offsets.data(), run_lengths.data(), sw.data(), sgo.data()};
   ga.grad_output = c.grad_output.data<T>();
   ga.go_c = c.grad_output.view().strides[1];
-  ga.argmax = c.argmax.data<std::int32_t>();
-  ga.am_c = c.argmax.numel() ? c.argmax.view().strides[1] : 0;
+  ga.active = {c.argmax.data<std::int32_t>(), sam.data(), ssmp.data(), c.argmax.numel() ? c.argmax.view().strides[1] : 0,
+               c.opt.pool_mode == PoolMode::kMax};
   ga.grad_input = static_cast<T*>(gi.data);
   ga.gi = st(gi);
   ga.shape = s;
-  ga.max_pool = c.opt.pool_mode == PoolMode::kMax;
   ga.divisors = to.divisors;
   ga.rounding = rounding;
   const std::int64_t runs = static_cast<std::int64_t>(run_keys.size());
   for (std::int64_t t = 0; t < runs * s.C; ++t) {
     if (truncated) detail::roi_align_truncated_gather_element(t, ga, channels_last_threads, runs);
-    else detail::roi_align_exact_gather_element(t, ga, channels_last_threads, runs);
+    else  // the engine's run_sums_kernel body, with RoIAlign's target and winner test
+      detail::gather_run_element(t, detail::roi_gather_sum_args(ga), runs, channels_last_threads,
+                                 detail::roi_gather_target(ga), ga.active);
   }
 }
 

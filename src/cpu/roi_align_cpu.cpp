@@ -6,17 +6,18 @@
 //    planes stay cached while every roi of the image reads them), dense rois one by one;
 //  - atomic/truncated backward: threads own disjoint channels (plane groups or ranges) and
 //    scatter without races, every plane's adds in roi order;
-//  - exact backward: the shared enumerate body, a stable counting sort, then the shared
-//    fixed-order run sum, so results equal the CUDA backend's bit for bit.
+//  - exact backward: the shared enumerate body, then the gather-backward engine's stable
+//    counting sort and fixed-order run sums (internal/gather_backward_cpu.h; NHWC: this op's
+//    own vectorized loop, the same sums), so results equal the CUDA backend's bit for bit.
 // docs/design.md ("CPU backend") has the why and the measurements.
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/roi_align_cpu.h"  // also the interface of roi_align_cpu_kernels.inc
+#include "internal/gather_backward_cpu.h"
 
 namespace detops {
 namespace internal {
@@ -512,8 +513,6 @@ struct ExactBuffers {
   std::int64_t* run_lengths = nullptr;
 };
 
-bool use_counting_sort(std::int64_t positions, std::int64_t cap) { return positions + 1 <= 2 * cap + (1 << 20); }
-
 template <class A>
 WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap) {
   WorkspaceLayout l;
@@ -522,7 +521,7 @@ WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap) {
   add_records<A>(l, cap, false);  // sorted copies (keys and ids are read through sorted_ids)
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(use_counting_sort(positions, cap) ? positions + 2 : 0);
+  l.add<std::int64_t>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
   l.add<std::uint64_t>(cap);
   l.add<std::int64_t>(cap);
   l.add<std::int64_t>(cap);
@@ -571,65 +570,22 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
     for (std::int64_t t = lo; t < hi; ++t) detail::roi_align_exact_enumerate_bin(t, ea);
   });
 
-  // Phase 2: stable sort of slot ids by position (counting sort, or a stable comparison sort
-  // when positions far outnumber slots: both give the same order).
-  const std::int64_t positions = s.N * s.H * s.W;
-  if (use_counting_sort(positions, cap)) {
-    std::fill(b.buckets, b.buckets + positions + 2, 0);
-    for (std::int64_t j = 0; j < cap; ++j) ++b.buckets[b.slots.keys[j] + 1];
-    for (std::int64_t p = 0; p <= positions; ++p) b.buckets[p + 1] += b.buckets[p];
-    for (std::int64_t j = 0; j < cap; ++j) b.sorted_ids[b.buckets[b.slots.keys[j]]++] = j;
-  } else {
-    std::iota(b.sorted_ids, b.sorted_ids + cap, std::int64_t{0});
-    std::stable_sort(b.sorted_ids, b.sorted_ids + cap,
-                     [&](std::int64_t x, std::int64_t y) { return b.slots.keys[x] < b.slots.keys[y]; });
-  }
+  // Phase 2: the engine's stable sort of slot ids by position, and the runs; then every slot
+  // field in sorted order.
+  const std::int64_t runs = gather_sort_keys_cpu(b.slots.keys, cap, sentinel, b.sorted_ids, b.buckets, b.run_keys,
+                                                 b.run_offsets, b.run_lengths);
   parallel_for(cap, 1 << 14, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t r = lo; r < hi; ++r) detail::roi_align_exact_permute(r, b.sorted_ids, b.slots, b.sorted);
   });
-  std::int64_t runs = 0;
-  for (std::int64_t r = 0; r < cap;) {
-    const std::uint64_t key = b.slots.keys[b.sorted_ids[r]];
-    std::int64_t e = r + 1;
-    while (e < cap && b.slots.keys[b.sorted_ids[e]] == key) ++e;
-    if (key == sentinel) break;  // sentinels sort last
-    b.run_keys[runs] = key;
-    b.run_offsets[runs] = r;
-    b.run_lengths[runs] = e - r;
-    ++runs;
-    r = e;
-  }
 
   // Phase 3: zero grad_input, then each (run, channel) is written once with its fixed-order sum.
   zero_fill<T>(call.features, ctx);
   const detail::GatherArgs<T> ga = make_gather_args<T>(call, b.sorted, b.run_keys, b.run_offsets, b.run_lengths);
   const bool vector_channels = ga.gi.s1 == 1 && ga.go_c == 1 && s.C > 1;
-  if (vector_channels) {
+  if (vector_channels)  // RoIAlign's own vectorized loop (per instruction set), the same sums
     cpu_kernels(ctx).exact_runs_channels_last(call.features.dtype, &ga, s.C, runs, threads);
-  } else {
-    // Channel blocks: each slot is loaded once per block instead of once per channel; the order
-    // of additions within every channel is still the slot order, so the bits do not change.
-    constexpr std::int64_t kBlock = 16;
-    const std::int64_t blocks = (s.C + kBlock - 1) / kBlock;
-    parallel_for(blocks, 1, threads, [&](std::int64_t bb, std::int64_t be) {
-      A acc[kBlock];
-      for (std::int64_t blk = bb; blk < be; ++blk) {
-        const std::int64_t c0 = blk * kBlock, nc = std::min(kBlock, s.C - c0);
-        for (std::int64_t run = 0; run < runs; ++run) {
-          for (std::int64_t j = 0; j < nc; ++j) acc[j] = A(0);
-          const std::int64_t begin = ga.run_offsets[run], end = begin + ga.run_lengths[run];
-          for (std::int64_t r = begin; r < end; ++r) {
-            const T* g = ga.grad_output + ga.go_offsets[r] + c0 * ga.go_c;
-            const A w = ga.weights[r];
-            for (std::int64_t j = 0; j < nc; ++j)
-              if (detail::exact_slot_active(ga, r, c0 + j)) acc[j] = acc[j] + to_acc(g[j * ga.go_c]) * w;
-          }
-          T* out = ga.grad_input + detail::exact_run_target(ga, ga.run_keys[run]) + c0 * ga.gi.s1;
-          for (std::int64_t j = 0; j < nc; ++j) out[j * ga.gi.s1] = from_acc<T>(acc[j]);
-        }
-      }
-    });
-  }
+  else
+    gather_sum_cpu(detail::roi_gather_sum_args(ga), runs, detail::roi_gather_target(ga), threads, ga.active);
 }
 
 // ---------------------------------------------------------------------------------------------

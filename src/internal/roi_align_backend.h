@@ -84,21 +84,14 @@ detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::E
                                        const std::uint64_t* run_keys, const std::int64_t* run_offsets,
                                        const std::int64_t* run_lengths) {
   detail::GatherArgs<T> ga{};
-  ga.run_keys = run_keys;
-  ga.run_offsets = run_offsets;
-  ga.run_lengths = run_lengths;
-  ga.weights = sorted.weights;
-  ga.go_offsets = sorted.go_offsets;
-  ga.am_offsets = sorted.am_offsets;
-  ga.samples = sorted.samples;
+  ga.sorted = {run_keys, run_offsets, run_lengths, sorted.weights, sorted.go_offsets};
   ga.grad_output = static_cast<const T*>(call.pooled.data);
   ga.go_c = call.pooled.strides[1];
-  ga.argmax = static_cast<const std::int32_t*>(call.argmax.data);
-  ga.am_c = call.max_pool ? call.argmax.strides[1] : 0;
+  ga.active = {static_cast<const std::int32_t*>(call.argmax.data), sorted.am_offsets, sorted.samples,
+               call.max_pool ? call.argmax.strides[1] : 0, call.max_pool};
   ga.grad_input = static_cast<T*>(call.features.data);
   ga.gi = strides4(call.features);
   ga.shape = call.shape;
-  ga.max_pool = call.max_pool;
   ga.divisors = sorted.divisors;  // null unless CUDA's float64 truncated mode (set ga.rounding too)
   return ga;
 }

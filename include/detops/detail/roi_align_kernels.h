@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "detops/detail/gather_backward.h"
 #include "detops/detail/host_device.h"
 #include "detops/detail/roi_align_math.h"
 #include "detops/dtype.h"
@@ -242,10 +243,12 @@ DETOPS_HOST_DEVICE inline void roi_align_backward_scatter_element(std::int64_t i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, exact mode. Phase 1 enumerates every (position, weight, bin, sample) contribution
-// into fixed slots (4 per sample; slot order = roi, bin, sample, corner); phase 2 sorts the slots
-// stably by position (CUB radix sort / stable counting sort); phase 3 sums each position's
-// contributions in that order, for every channel.
+// Backward, exact mode: an instance of the gather-backward engine (detail/gather_backward.h).
+// Phase 1 enumerates every (position, weight, bin, sample) contribution into fixed slots (4 per
+// sample; slot order = roi, bin, sample, corner): the engine's records (key = position, source =
+// grad_output[k, 0, ph, pw]) plus what max pooling needs (the argmax offset and the sample);
+// phase 2 is the engine's sort; phase 3 its run sums without partials (split 0: these bits
+// predate the engine), with max pooling's winner test as the engine's `active` predicate.
 
 /// Samples (not slots) of each roi: grid_h * grid_w * PH * PW, 0 for invalid rows.
 template <class A>
@@ -281,13 +284,16 @@ struct ExactRecords {
   std::uint64_t* keys;      // position n*H*W + y*W + x, or the sentinel N*H*W for "no contribution"
   std::int64_t* ids;        // slot index (the sort's payload)
   A* weights;               // bilinear weight, divided by count for avg pooling (but see divisors)
-  std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]
+  std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]: the engine's record source
   std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling)
   std::int32_t* samples;     // iy*grid_w + ix within the bin (max pooling)
   /// Only in CUDA's float64 truncated mode (null otherwise): each slot's divisor (count for avg
   /// pooling, 1 for max), and `weights` then holds the bare bilinear weight, so that phase 3 forms
   /// each contribution exactly as the scatter does, (g * w) / count.
   double* divisors = nullptr;
+
+  /// The engine's view of the same slots.
+  DETOPS_HOST_DEVICE GatherRecords<A> gather() const { return {keys, ids, weights, go_offsets}; }
 };
 
 /// Sets every field of slot j (one slot per thread: j in [0, cap)) before phase 1, so that slots
@@ -295,10 +301,7 @@ struct ExactRecords {
 template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_exact_init_slot(std::int64_t j, const ExactRecords<A>& rec,
                                                          std::uint64_t sentinel) {
-  rec.keys[j] = sentinel;
-  rec.ids[j] = j;
-  rec.weights[j] = A(0);
-  rec.go_offsets[j] = 0;
+  gather_init_record(j, rec.gather(), sentinel);
   rec.am_offsets[j] = 0;
   rec.samples[j] = -1;
   if (rec.divisors) rec.divisors[j] = 1.0;
@@ -342,15 +345,14 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
       const std::int64_t xs[4] = {b.x_low, b.x_high, b.x_low, b.x_high};
       const A ws[4] = {b.w1, b.w2, b.w3, b.w4};
       for (int q = 0; q < 4; ++q) {
-        a.rec.keys[j + q] = b.valid ? plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]) : sentinel;
-        a.rec.ids[j + q] = j + q;
+        const std::uint64_t key = b.valid ? plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]) : sentinel;
         if (a.rec.divisors) {  // truncated: the bare weight and the scatter's divisor
-          a.rec.weights[j + q] = b.valid ? ws[q] : A(0);
+          gather_set_record(a.rec.gather(), j + q, key, b.valid ? ws[q] : A(0), go_offset);
           a.rec.divisors[j + q] = a.max_pool ? 1.0 : static_cast<double>(per_bin);
         } else {
-          a.rec.weights[j + q] = b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0);
+          gather_set_record(a.rec.gather(), j + q, key, b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0),
+                            go_offset);
         }
-        a.rec.go_offsets[j + q] = go_offset;
         a.rec.am_offsets[j + q] = am_offset;
         a.rec.samples[j + q] = static_cast<std::int32_t>(sample);
       }
@@ -358,99 +360,85 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
   }
 }
 
+/// Max pooling's winner test, the engine's `active` predicate: sorted slot r contributes to
+/// channel c only when its sample won the bin in that channel. Always true for avg pooling.
+struct RoiSlotActive {
+  const std::int32_t* argmax;
+  const std::int64_t* am_offsets;  // in sorted order
+  const std::int32_t* samples;     // in sorted order
+  std::int64_t am_c;               // argmax channel stride
+  bool max_pool;
+  DETOPS_HOST_DEVICE bool operator()(std::int64_t r, std::int64_t c) const {
+    return !max_pool || argmax[am_offsets[r] + c * am_c] == samples[r];
+  }
+};
+
 /// Phase 3 input: the slots permuted into sorted order, cut into runs of equal position.
 template <class T>
 struct GatherArgs {
-  const std::uint64_t* run_keys;    // position of each run
-  const std::int64_t* run_offsets;  // first sorted slot of each run
-  const std::int64_t* run_lengths;
-  const acc_t<T>* weights;          // in sorted order
-  const std::int64_t* go_offsets;   // in sorted order
-  const std::int64_t* am_offsets;   // in sorted order
-  const std::int32_t* samples;      // in sorted order
+  GatherSorted<acc_t<T>> sorted;  // runs, weights and grad_output offsets (the engine's sources)
   const T* grad_output;
-  std::int64_t go_c;                // grad_output channel stride
-  const std::int32_t* argmax;
-  std::int64_t am_c;                // argmax channel stride
+  std::int64_t go_c;              // grad_output channel stride
+  RoiSlotActive active;
   T* grad_input;
   Strides4 gi;
   RoiAlignShape shape;
-  bool max_pool;
   /// CUDA's float64 truncated mode only: the slots' divisors in sorted order, and the rounding of
   /// incoming gradients (roi_align_truncated_gather_element).
   const double* divisors = nullptr;
   GradRounding rounding = GradRounding::kNone;
 };
 
-/// Whether sorted slot r contributes to channel c (max pooling: only the bin's winning sample).
-template <class T>
-DETOPS_HOST_DEVICE inline bool exact_slot_active(const GatherArgs<T>& a, std::int64_t r, std::int64_t c) {
-  return !a.max_pool || a.argmax[a.am_offsets[r] + c * a.am_c] == a.samples[r];
-}
-
-/// The fixed-order sum of one run for one channel: acc = acc + g * w, slot by slot. Every
-/// backend produces exactly this sequence of roundings.
+/// The fixed-order sum of one run for one channel: the engine's, without partials.
 template <class T>
 DETOPS_HOST_DEVICE inline acc_t<T> exact_run_sum(const GatherArgs<T>& a, std::int64_t run, std::int64_t c) {
-  using A = acc_t<T>;
-  const std::int64_t begin = a.run_offsets[run], end = begin + a.run_lengths[run];
-  A acc = A(0);
-  for (std::int64_t r = begin; r < end; ++r) {
-    if (!exact_slot_active(a, r, c)) continue;
-    acc = acc + to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c]) * a.weights[r];
-  }
-  return acc;
+  return gather_run_sum(a.sorted, run, a.grad_output, a.go_c, c, 0, a.active);
 }
 
-/// Decodes a run's position into its grad_input offset (without the channel term).
+/// Decodes a run's position into its grad_input offset (without the channel term): the
+/// engine's destination map.
+struct RoiGatherTarget {
+  Strides4 gi;
+  std::int64_t H, W;
+  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
+    const std::int64_t pos = static_cast<std::int64_t>(key);
+    const std::int64_t n = pos / (H * W), yx = pos % (H * W);
+    return n * gi.s0 + (yx / W) * gi.s2 + (yx % W) * gi.s3;
+  }
+};
+template <class T>
+DETOPS_HOST_DEVICE inline RoiGatherTarget roi_gather_target(const GatherArgs<T>& a) {
+  return {a.gi, a.shape.H, a.shape.W};
+}
 template <class T>
 DETOPS_HOST_DEVICE inline std::int64_t exact_run_target(const GatherArgs<T>& a, std::uint64_t key) {
-  const RoiAlignShape& s = a.shape;
-  const std::int64_t pos = static_cast<std::int64_t>(key);
-  const std::int64_t n = pos / (s.H * s.W), yx = pos % (s.H * s.W);
-  return n * a.gi.s0 + (yx / s.W) * a.gi.s2 + (yx % s.W) * a.gi.s3;
+  return roi_gather_target(a)(key);
 }
 
-/// Permutes slot fields into sorted order: r-th sorted slot came from slot ids[r].
+/// The engine's phase-3 arguments for this call: positions N*H*W, no partials.
+template <class T>
+DETOPS_HOST_DEVICE inline GatherSumArgs<T, acc_t<T>> roi_gather_sum_args(const GatherArgs<T>& a) {
+  const RoiAlignShape& s = a.shape;
+  return {a.sorted, a.grad_output, a.go_c, a.grad_input, a.gi.s1, s.C, static_cast<std::uint64_t>(s.N * s.H * s.W), 0};
+}
+
+/// Permutes RoIAlign's own slot fields (beyond the engine's weight and source) into sorted order:
+/// the r-th sorted slot came from slot sorted_ids[r].
 template <class A>
-DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std::int64_t* sorted_ids,
-                                                       const ExactRecords<A>& from, const ExactRecords<A>& to) {
+DETOPS_HOST_DEVICE inline void roi_align_permute_extras(std::int64_t r, const std::int64_t* sorted_ids,
+                                                        const ExactRecords<A>& from, const ExactRecords<A>& to) {
   const std::int64_t j = sorted_ids[r];
-  to.weights[r] = from.weights[j];
-  to.go_offsets[r] = from.go_offsets[j];
   to.am_offsets[r] = from.am_offsets[j];
   to.samples[r] = from.samples[j];
   if (from.divisors) to.divisors[r] = from.divisors[j];
 }
 
-/// Phase 3's thread t -> its (run, channel) and grad_input offset (-1 for a sentinel run).
-struct GatherTarget {
-  std::int64_t run, c, offset;
-};
-template <class T>
-DETOPS_HOST_DEVICE inline GatherTarget gather_target(std::int64_t t, const GatherArgs<T>& a, bool channels_last,
-                                                     std::int64_t runs) {
-  const RoiAlignShape& s = a.shape;
-  GatherTarget g;
-  if (channels_last) {
-    g.c = t % s.C;
-    g.run = t / s.C;
-  } else {
-    g.run = t % runs;
-    g.c = t / runs;
-  }
-  const std::uint64_t key = a.run_keys[g.run];
-  g.offset = key >= static_cast<std::uint64_t>(s.N * s.H * s.W) ? -1 : exact_run_target(a, key) + g.c * a.gi.s1;
-  return g;
-}
-
-/// Phase 3, one (run, channel) per thread: t in [0, runs*C), channel-fastest when grad_input
-/// is channels-last. Runs holding the sentinel write nothing.
-template <class T>
-DETOPS_HOST_DEVICE inline void roi_align_exact_gather_element(std::int64_t t, const GatherArgs<T>& a,
-                                                              bool channels_last, std::int64_t runs) {
-  const GatherTarget g = gather_target(t, a, channels_last, runs);
-  if (g.offset >= 0) a.grad_input[g.offset] = from_acc<T>(exact_run_sum(a, g.run, g.c));
+/// Permutes every slot field into sorted order: r-th sorted slot came from slot ids[r].
+template <class A>
+DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std::int64_t* sorted_ids,
+                                                       const ExactRecords<A>& from, const ExactRecords<A>& to) {
+  gather_permute_record(r, sorted_ids, from.weights, from.go_offsets, to.weights, to.go_offsets);
+  roi_align_permute_extras(r, sorted_ids, from, to);
 }
 
 // CUDA's float64 truncated mode. Double atomics would add in scheduling order, and with a float64
@@ -464,23 +452,26 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_gather_element(std::int64_t t, co
 /// The truncated sum of one run for one channel.
 template <class T>
 DETOPS_HOST_DEVICE inline double truncated_run_sum(const GatherArgs<T>& a, std::int64_t run, std::int64_t c) {
-  const std::int64_t begin = a.run_offsets[run], end = begin + a.run_lengths[run];
+  const std::int64_t begin = a.sorted.run_offsets[run], end = begin + a.sorted.run_lengths[run];
   double acc = 0.0;
   for (std::int64_t r = begin; r < end; ++r) {
-    if (!exact_slot_active(a, r, c)) continue;
-    const double g = scatter_gradient<double>(to_acc(a.grad_output[a.go_offsets[r] + c * a.go_c]), a.rounding);
-    acc += scatter_contribution(g, a.weights[r], a.divisors[r]);  // the CPU scatter's contribution
+    if (!a.active(r, c)) continue;
+    const double g = scatter_gradient<double>(to_acc(a.grad_output[a.sorted.sources[r] + c * a.go_c]), a.rounding);
+    acc += scatter_contribution(g, a.sorted.weights[r], a.divisors[r]);  // the CPU scatter's contribution
   }
   return acc;
 }
 
-/// Phase 3 of the truncated mode, one (run, channel) per thread, as roi_align_exact_gather_element;
-/// each sum rounded once to grad_input's dtype.
+/// Phase 3 of the truncated mode, one (run, channel) per thread, mapped as the engine's
+/// gather_run_element maps them; each sum rounded once to grad_input's dtype.
 template <class T>
 DETOPS_HOST_DEVICE inline void roi_align_truncated_gather_element(std::int64_t t, const GatherArgs<T>& a,
                                                                   bool channels_last, std::int64_t runs) {
-  const GatherTarget g = gather_target(t, a, channels_last, runs);
-  if (g.offset >= 0) a.grad_input[g.offset] = from_double<T>(truncated_run_sum(a, g.run, g.c));
+  const std::int64_t C = a.shape.C;
+  const std::int64_t run = channels_last ? t / C : t % runs, c = channels_last ? t % C : t / runs;
+  const std::uint64_t key = a.sorted.run_keys[run];
+  if (key >= static_cast<std::uint64_t>(a.shape.N * a.shape.H * a.shape.W)) return;
+  a.grad_input[exact_run_target(a, key) + c * a.gi.s1] = from_double<T>(truncated_run_sum(a, run, c));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+// grid_sample 2-d forward and backward on CPU and CUDA, with the semantics of
+// torch.nn.functional.grid_sample (4-d input), and two backward modes: atomic (a scatter with
+// atomicAdd on CUDA: fast, not reproducible there) and exact (bitwise reproducible by
+// construction: the same bits across runs, CPU thread counts, layouts, and CPU vs CUDA).
+// PyTorch's CUDA grid_sample backward has no deterministic mode (pytorch#68959).
+//
+// Shapes (any non-negative strides; NCHW and NHWC are both native, read from the strides):
+//   input        [N, C, H, W]        float32 | float64 | float16 | bfloat16
+//   grid         [N, Ho, Wo, 2]      (x, y) normalized to [-1, 1]; input's dtype, or float32 /
+//                                    float64 whatever input's dtype (16-bit grids only with a
+//                                    16-bit input of that dtype)
+//   output       [N, C, Ho, Wo]      dtype of input
+//   grad_output  [N, C, Ho, Wo]      dtype of input
+//   grad_input   [N, C, H, W]        dtype of input; fully overwritten; may be empty (not needed)
+//   grad_grid    [N, Ho, Wo, 2]      dtype of grid; fully overwritten; may be empty (not needed)
+//
+// Semantics (PyTorch's, in the accumulation type: float for 16-bit and float32, double for
+// float64; coordinates in grid's type widened to it):
+//   unnormalize: align_corners ? (g + 1) / 2 * (size - 1) : ((g + 1) * size - 1) / 2
+//   padding: zeros keeps the coordinate; border clips it to [0, size - 1]; reflection reflects
+//     it about the corner pixels' centres (align_corners) or edges (not), then clips.
+//   bilinear: the four corners floor(x), floor(x) + 1 (and y), weights (1 - dx)(1 - dy) ...; a
+//     corner outside the map contributes nothing (zeros padding); after border/reflection two
+//     corners may be the same pixel: they stay distinct contributions.
+//   nearest: the pixel nearbyint(x), nearbyint(y) (round half to even), 0 outside the map.
+//   A NaN (or infinite, after padding) coordinate samples nothing: its output is 0 and its
+//   gradients are 0 (PyTorch's result for it depends on the padding mode and the CPU).
+//   grad_grid: d(loss)/d(grid), one writer per grid point, summed over channels in order; for
+//   nearest it is 0 (as PyTorch).
+//
+// Errors (detops::Error, thrown before anything is written, outputs left untouched): wrong ranks
+// or sizes, dtypes or devices that do not match, an output that shares memory with another
+// argument, a workspace too small, BackwardMode::kTruncated (not offered: kExact is exact).
+// N = 0, C = 0 or an empty grid succeed (the backward zero-fills what it writes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "detops/backward_mode.h"
+#include "detops/context.h"
+#include "detops/tensor.h"
+
+namespace detops {
+
+enum class GridSampleInterpolation : std::uint8_t { kBilinear, kNearest };
+enum class GridSamplePadding : std::uint8_t { kZeros, kBorder, kReflection };
+
+struct GridSampleOptions {
+  GridSampleInterpolation interpolation = GridSampleInterpolation::kBilinear;
+  GridSamplePadding padding = GridSamplePadding::kZeros;
+  bool align_corners = false;
+};
+
+struct GridSampleBackwardOptions {
+  /// kAtomic or kExact (kTruncated is refused).
+  BackwardMode mode = BackwardMode::kExact;
+};
+
+/// output[n, c, ho, wo] = input[n, c] sampled at grid[n, ho, wo].
+void grid_sample_forward(const TensorView& input, const TensorView& grid, const TensorView& output,
+                         const GridSampleOptions& options, const Context& ctx = {});
+
+/// Bytes of workspace grid_sample_backward needs for these arguments (0 for kAtomic).
+std::size_t grid_sample_backward_workspace_size(const TensorView& grad_output, const TensorView& input,
+                                                const TensorView& grid, const TensorView& grad_input,
+                                                const TensorView& grad_grid, const GridSampleOptions& options,
+                                                const GridSampleBackwardOptions& backward, const Context& ctx = {});
+
+/// grad_input and grad_grid (either may be an empty view: not computed) from grad_output.
+/// `workspace`: caller-provided scratch of at least grid_sample_backward_workspace_size() bytes,
+/// or empty to use ctx.allocator (any alignment, as RoIAlign's).
+void grid_sample_backward(const TensorView& grad_output, const TensorView& input, const TensorView& grid,
+                          const TensorView& grad_input, const TensorView& grad_grid, const GridSampleOptions& options,
+                          const GridSampleBackwardOptions& backward, const Context& ctx = {},
+                          Workspace workspace = {});
+
+/// Names for messages and tables: "bilinear", "nearest"; "zeros", "border", "reflection".
+const char* to_string(GridSampleInterpolation mode);
+const char* to_string(GridSamplePadding mode);
+
+}  // namespace detops
