@@ -233,6 +233,8 @@ set(DETOPS_TORCH_PACKAGE_DIR "${PROJECT_BINARY_DIR}/python/detops_torch")
 add_library(detops_torch SHARED
   bindings/torch/csrc/registration.cpp
   bindings/torch/csrc/roi_align.cpp
+  bindings/torch/csrc/grid_sample.cpp
+  bindings/torch/csrc/ms_deform_attn.cpp
   bindings/torch/csrc/frozen_batch_norm.cpp
   bindings/torch/csrc/sync_batch_norm.cpp)
 add_library(detops::torch_ops ALIAS detops_torch)

@@ -12,6 +12,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "atomic_add.cuh"
 #include "cuda_check.cuh"
 #include "detops/detail/roi_align_kernels.h"
 #include "gather_backward.cuh"
@@ -24,21 +25,6 @@ namespace internal {
 namespace {
 
 using detail::Strides4;
-
-// ---------------------------------------------------------------------------------------------
-// Atomic adds in every gradient dtype.
-
-__device__ inline void atomic_add(float* p, float v) { atomicAdd(p, v); }
-__device__ inline void atomic_add(double* p, double v) { atomicAdd(p, v); }
-__device__ inline void atomic_add(Half* p, float v) {
-  atomicAdd(reinterpret_cast<__half*>(p), __float2half_rn(v));
-}
-// The toolkit's bfloat16 atomicAdd on every architecture: native (atom.add.noftz.bf16) from sm_90,
-// a 16-bit compare-and-swap loop below it (cuda_bf16.hpp). One rounding rule on every GPU (v is
-// rounded to bfloat16, then each add rounds), and no access outside the element's own 2 bytes.
-__device__ inline void atomic_add(BFloat16* p, float v) {
-  atomicAdd(reinterpret_cast<__nv_bfloat16*>(p), __float2bfloat16_rn(v));
-}
 
 // ---------------------------------------------------------------------------------------------
 // Kernels (each a one-line wrapper of a shared body)

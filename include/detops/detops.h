@@ -5,6 +5,8 @@
 #include "detops/dtype.h"
 #include "detops/error.h"
 #include "detops/frozen_batch_norm.h"
+#include "detops/grid_sample.h"
+#include "detops/ms_deform_attn.h"
 #include "detops/roi_align.h"
 #include "detops/communicator.h"
 #include "detops/sync_batch_norm.h"

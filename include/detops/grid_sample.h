@@ -27,6 +27,10 @@
 //   gradients are 0 (PyTorch's result for it depends on the padding mode and the CPU).
 //   grad_grid: d(loss)/d(grid), one writer per grid point, summed over channels in order; for
 //   nearest it is 0 (as PyTorch).
+//   The operations and their order are those of PyTorch's CPU kernel, fused multiply-adds included
+//   (detail/grid_sample_math.h): in float64 the forward and grad_grid equal F.grid_sample's on
+//   the CPU to the bit, and grad_input to a few ulps (PyTorch adds it in vector-sized groups of
+//   points; detops in the exact mode's fixed order).
 //
 // Errors (detops::Error, thrown before anything is written, outputs left untouched): wrong ranks
 // or sizes, dtypes or devices that do not match, an output that shares memory with another

@@ -44,6 +44,26 @@ inline BackwardMode parse_backward_mode(const char* op, string_view s) {
   bad_mode(op, "backward_mode", s, "'exact', 'truncated', 'atomic'");
 }
 
+/// The backward modes of grid_sample and ms_deform_attn (they offer no truncated mode).
+inline BackwardMode parse_exact_or_atomic(const char* op, string_view s) {
+  if (s == "exact") return BackwardMode::kExact;
+  if (s == "atomic") return BackwardMode::kAtomic;
+  bad_mode(op, "mode", s, "'exact', 'atomic'");
+}
+
+inline GridSampleInterpolation parse_interpolation(const char* op, string_view s) {
+  if (s == "bilinear") return GridSampleInterpolation::kBilinear;
+  if (s == "nearest") return GridSampleInterpolation::kNearest;
+  bad_mode(op, "interpolation", s, "'bilinear', 'nearest'");
+}
+
+inline GridSamplePadding parse_padding(const char* op, string_view s) {
+  if (s == "zeros") return GridSamplePadding::kZeros;
+  if (s == "border") return GridSamplePadding::kBorder;
+  if (s == "reflection") return GridSamplePadding::kReflection;
+  bad_mode(op, "padding_mode", s, "'zeros', 'border', 'reflection'");
+}
+
 inline TruncationFormat parse_truncation(const char* op, string_view s) {
   if (s == "float16") return TruncationFormat::kFloat16;
   if (s == "bfloat16") return TruncationFormat::kBFloat16;

@@ -1,5 +1,6 @@
 // The schemas of torch.ops.detops.*: the one TORCH_LIBRARY(detops) block. Kernels are registered
-// per dispatch key next to their code (roi_align.cpp, frozen_batch_norm.cpp, sync_batch_norm.cpp).
+// per dispatch key next to their code (roi_align.cpp, grid_sample.cpp, ms_deform_attn.cpp,
+// frozen_batch_norm.cpp, sync_batch_norm.cpp).
 //
 // Written to parse on torch 1.13 and 2.x alike: plain `int` sizes (not SymInt), defaults only on
 // trailing arguments, so torchvision-style positional calls work unchanged.
@@ -37,6 +38,24 @@ TORCH_LIBRARY(detops, m) {
         "int pooled_height, int pooled_width, int batch_size, int channels, int height, int width, "
         "int sampling_ratio, bool aligned, str backward_mode=\"exact\", str truncation=\"float16\", "
         "bool channels_last=False) -> Tensor");
+
+  // grid_sample, 2-d: torch.nn.functional.grid_sample's options (its `mode` is `interpolation`
+  // here), then detops' backward mode, "exact" or "atomic". The backward op computes the gradients
+  // asked for (input_grad, grid_grad) and returns None for the others.
+  m.def("grid_sample(Tensor input, Tensor grid, str interpolation=\"bilinear\", str padding_mode=\"zeros\", "
+        "bool align_corners=False, str mode=\"exact\") -> Tensor");
+  m.def("_grid_sample_backward(Tensor grad_output, Tensor input, Tensor grid, str interpolation, "
+        "str padding_mode, bool align_corners, str mode, bool input_grad, bool grid_grad) "
+        "-> (Tensor grad_input, Tensor grad_grid)");
+  // Multi-scale deformable attention: the argument order of Deformable-DETR's and mmcv's
+  // ms_deform_attn_forward (without im2col_step), then the backward mode; the backward op as
+  // grid_sample's (value_grad, locations_grad, weights_grad).
+  m.def("ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+        "Tensor sampling_locations, Tensor attention_weights, str mode=\"exact\") -> Tensor");
+  m.def("_ms_deform_attn_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
+        "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights, str mode, "
+        "bool value_grad, bool locations_grad, bool weights_grad) "
+        "-> (Tensor grad_value, Tensor grad_sampling_locations, Tensor grad_attention_weights)");
 
   // FrozenBatchNorm2d.
   m.def("frozen_batch_norm_fold(Tensor weight, Tensor bias, Tensor running_mean, Tensor running_var, "

@@ -1,10 +1,18 @@
-# Functional entry points of detops_torch: torchvision-compatible roi_align and FrozenBatchNorm2d's fold/apply over torch.ops.detops.
+# Functional entry points of detops_torch: torchvision-compatible roi_align, grid_sample (torch's) and point_sample (detectron2's), ms_deform_attn (Deformable-DETR's / mmcv's), FrozenBatchNorm2d's fold/apply over torch.ops.detops.
 """Functional forms of the detops ops.
 
 ``roi_align`` has ``torchvision.ops.roi_align``'s signature (boxes as a ``[K, 5]`` tensor or a list
 of per-image ``[L, 4]`` tensors) plus keyword-only options: the backward mode, the truncation
 format of the truncated mode and the pooling mode (``"max"`` is mmcv's max pooling).
+
+``grid_sample`` has ``torch.nn.functional.grid_sample``'s signature (4-d input; bilinear and
+nearest) plus the keyword-only ``backward_mode``; ``point_sample`` is detectron2's (and
+Mask2Former's) helper over it. ``ms_deform_attn`` takes the arguments of Deformable-DETR's
+``MSDeformAttnFunction`` and mmcv's ``MultiScaleDeformableAttnFunction`` (without ``im2col_step``)
+plus ``mode``. Their backward modes: ``"exact"`` (bitwise reproducible, the default) or
+``"atomic"`` (the anchors' scatter; not reproducible on GPUs).
 """
+import warnings
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -18,8 +26,14 @@ __all__ = [
     "TRUNCATIONS",
     "POOL_MODES",
     "EPILOGUES",
+    "GATHER_BACKWARD_MODES",
+    "GRID_SAMPLE_MODES",
+    "GRID_SAMPLE_PADDING_MODES",
     "roi_align",
     "boxes_to_rois",
+    "grid_sample",
+    "point_sample",
+    "ms_deform_attn",
     "frozen_batch_norm",
     "frozen_batch_norm_fold",
 ]
@@ -30,6 +44,10 @@ BACKWARD_MODES = ("exact", "truncated", "atomic")
 TRUNCATIONS = ("float16", "bfloat16")
 POOL_MODES = ("avg", "max")
 EPILOGUES = ("none", "relu", "add_relu")
+# grid_sample and ms_deform_attn have no truncated mode.
+GATHER_BACKWARD_MODES = ("exact", "atomic")
+GRID_SAMPLE_MODES = ("bilinear", "nearest")
+GRID_SAMPLE_PADDING_MODES = ("zeros", "border", "reflection")
 
 
 def _sizes(t: Tensor) -> str:
@@ -173,3 +191,95 @@ def frozen_batch_norm(
     ``"add_relu"`` (residual required). Gradients flow to ``x`` (and ``residual``), never to the
     frozen ``scale``/``shift``."""
     return torch.ops.detops.frozen_batch_norm(x, scale, shift, epilogue, residual)
+
+
+@torch.fx.wrap
+def _grid_sample(input: Tensor, grid: Tensor, mode: str, padding_mode: str, align_corners: bool,
+                 backward_mode: str) -> Tensor:
+    # All-positional form of grid_sample (TorchScript 1.13 rejects keyword-only arguments with
+    # defaults). The op checks the strings again, under its own argument names.
+    return torch.ops.detops.grid_sample(input, grid, mode, padding_mode, align_corners, backward_mode)
+
+
+@torch.fx.wrap
+def grid_sample(
+    input: Tensor,
+    grid: Tensor,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: Optional[bool] = None,
+    *,
+    backward_mode: str = "exact",
+) -> Tensor:
+    """``torch.nn.functional.grid_sample`` for 4-d inputs, computed by detops.
+
+    Args:
+        input: ``[N, C, H, W]`` float32, float64, float16 or bfloat16 (NCHW or channels_last; the
+            output and its gradient keep the input's memory format).
+        grid: ``[N, Ho, Wo, 2]`` (x, y) in [-1, 1]; the input's dtype, or float32/float64.
+        mode: ``"bilinear"`` or ``"nearest"`` (torch's ``"bicubic"`` and 5-d inputs are not offered).
+        padding_mode: ``"zeros"``, ``"border"`` or ``"reflection"``.
+        align_corners: as torch; None means False, with a warning as torch gives.
+        backward_mode: ``"exact"`` (bitwise reproducible, the default) or ``"atomic"`` (a scatter;
+            not reproducible on GPUs, where it raises torch's nondeterminism alert).
+
+    Returns:
+        ``[N, C, Ho, Wo]`` in the input's dtype. Gradients flow to ``input`` and ``grid`` (zero for
+        the grid with ``"nearest"``, as torch's); a NaN coordinate samples 0 and gets 0 gradients.
+    """
+    check_choice("grid_sample", "mode", mode, GRID_SAMPLE_MODES)
+    check_choice("grid_sample", "padding_mode", padding_mode, GRID_SAMPLE_PADDING_MODES)
+    check_choice("grid_sample", "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+    if align_corners is None:
+        warnings.warn(
+            "grid_sample: align_corners is None, which means False (torch's default since 1.3.0); "
+            "pass align_corners explicitly to silence this warning",
+            stacklevel=2,
+        )
+        align_corners = False
+    return _grid_sample(input, grid, mode, padding_mode, align_corners, backward_mode)
+
+
+def point_sample(input: Tensor, point_coords: Tensor, **kwargs) -> Tensor:
+    """detectron2's (and Mask2Former's) ``point_sample``: samples ``input`` ``[N, C, H, W]`` at
+    ``point_coords`` in [0, 1] x [0, 1], given as ``[N, P, 2]`` (result ``[N, C, P]``) or
+    ``[N, Ho, Wo, 2]`` (result ``[N, C, Ho, Wo]``). ``kwargs`` go to :func:`grid_sample`
+    (``mode``, ``padding_mode``, ``align_corners``, ``backward_mode``)."""
+    add_dim = point_coords.dim() == 3
+    if add_dim:
+        point_coords = point_coords.unsqueeze(2)
+    output = grid_sample(input, 2.0 * point_coords - 1.0, **kwargs)
+    if add_dim:
+        output = output.squeeze(3)
+    return output
+
+
+@torch.fx.wrap
+def ms_deform_attn(
+    value: Tensor,
+    value_spatial_shapes: Tensor,
+    value_level_start_index: Tensor,
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+    mode: str = "exact",
+) -> Tensor:
+    """Multi-scale deformable attention (Deformable DETR), computed by detops.
+
+    Args:
+        value: ``[B, S, M, D]`` float32, float64, float16 or bfloat16; ``S`` is the sum of the
+            levels' ``H * W``.
+        value_spatial_shapes: ``[L, 2]`` int64, ``(H, W)`` per level.
+        value_level_start_index: ``[L]`` int64, the first row of each level in ``S``.
+        sampling_locations: ``[B, Q, M, L, P, 2]`` (x, y) in [0, 1]; float32/float64 or the value's
+            dtype.
+        attention_weights: ``[B, Q, M, L, P]`` in the value's dtype (not cast: mmcv's Function casts
+            it; the modules here do the same).
+        mode: ``"exact"`` (bitwise reproducible, the default) or ``"atomic"`` (the anchors'
+            scatter of the value gradient; not reproducible on GPUs).
+
+    Returns:
+        ``[B, Q, M * D]`` in the value's dtype. Gradients flow to ``value``,
+        ``sampling_locations`` and ``attention_weights``, each computed only when needed.
+    """
+    return torch.ops.detops.ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                                           attention_weights, mode)

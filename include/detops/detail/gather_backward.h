@@ -84,6 +84,12 @@ DETOPS_HOST_DEVICE inline void gather_permute_record(std::int64_t r, const std::
 /// error's growth along a hot destination and lets a GPU split long runs without changing bits.
 constexpr std::int64_t kGatherPartial = 256;
 
+/// The records of one chunk an op aims for: it takes as many whole planes as fit in
+/// max(one plane's records, kGatherChunkRecords), so the CPU workspace stays near 32 MB (at most
+/// 64 bytes per record) however large the batch, and a larger batch only means more chunks. A
+/// chunk never splits a plane and a destination belongs to one plane, so chunking changes no sum.
+constexpr std::int64_t kGatherChunkRecords = std::int64_t{1} << 19;
+
 /// Every record contributes to every channel (the default); RoIAlign's max pooling passes a
 /// predicate that keeps only a bin's winning sample.
 struct GatherAllActive {

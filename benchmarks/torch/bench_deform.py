@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+# CPU timings of detops' grid_sample and multi-scale deformable attention against PyTorch's own (grid_sample and the pure composition), forward and forward+backward, one thread.
+"""detops_torch vs PyTorch on the CPU, one thread, median of --repeats timed calls per variant
+(variants interleaved within each repeat, after one warm-up call each).
+
+Cases (float32):
+  msda_dino4   multi-scale deformable attention at DINO-4scale's encoder shape for one image:
+               levels 100x167, 50x84, 25x42, 13x21 (S = 22223), 8 heads of 32 channels, 4 points,
+               Q = S; detops_torch.ms_deform_attn against the pure-PyTorch composition (one
+               F.grid_sample per level, weighted sum: mmcv's and Deformable-DETR's CPU path);
+               gradients for value, locations and weights.
+  gs_rtdetr    grid_sample, RT-DETR-like: input [1, 256, 100, 167], grid [1, 300, 16, 2], bilinear,
+               zeros, align_corners False; gradients for input and grid.
+  gs_m2f_point Mask2Former's point loss: point_sample of mask logits [100, 1, 112, 112] at
+               [100, 12544, 2] points (grid [100, 12544, 1, 2]); gradient for the logits only.
+Variants: torch, detops exact, detops atomic. Phases: forward ("fwd", no autograd) and
+forward + backward ("fwd+bwd", a fixed random output gradient).
+
+    PYTHONPATH=build-torch/python /usr/bin/python3 benchmarks/torch/bench_deform.py OUT.json
+        [--repeats 5] [--quick]
+Writes OUT.json and the table as OUT.txt (OUT minus .json plus .txt), after every case.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as TF
+
+import detops_torch
+
+DINO_LEVELS = [(100, 167), (50, 84), (25, 42), (13, 21)]
+
+
+def msda_composition(value, spatial_shapes, sampling_locations, attention_weights):
+    """The pure-PyTorch multi-scale deformable attention (per level grid_sample, weighted sum)."""
+    b, _, m, d = value.shape
+    _, q, _, nl, p, _ = sampling_locations.shape
+    shapes = spatial_shapes.tolist()
+    sampled = []
+    for level, (piece, (h, w)) in enumerate(zip(value.split([h * w for h, w in shapes], dim=1), shapes)):
+        maps = piece.permute(0, 2, 3, 1).reshape(b * m, d, h, w)
+        grid = (2 * sampling_locations[:, :, :, level] - 1).transpose(1, 2).reshape(b * m, q, p, 2)
+        sampled.append(TF.grid_sample(maps, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+    weights = attention_weights.transpose(1, 2).reshape(b * m, 1, q, nl * p)
+    out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
+    return out.view(b, m * d, q).transpose(1, 2).contiguous()
+
+
+def msda_case(levels, heads=8, dims=32, points=4):
+    gen = torch.Generator().manual_seed(0)
+    spatial = torch.tensor(levels, dtype=torch.int64)
+    sizes = spatial[:, 0] * spatial[:, 1]
+    start = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+    s = int(sizes.sum())
+    value = torch.randn(1, s, heads, dims, generator=gen)
+    loc = torch.rand(1, s, heads, len(levels), points, 2, generator=gen)
+    attn = torch.rand(1, s, heads, len(levels), points, generator=gen).softmax(-1)
+    grad = torch.randn(1, s, heads * dims, generator=gen)
+    variants = {
+        "torch": lambda v, l, a: msda_composition(v, spatial, l, a),
+        "detops exact": lambda v, l, a: detops_torch.ms_deform_attn(v, spatial, start, l, a, "exact"),
+        "detops atomic": lambda v, l, a: detops_torch.ms_deform_attn(v, spatial, start, l, a, "atomic"),
+    }
+    shape = f"value [1, {s}, {heads}, {dims}], Q {s}, levels {levels}, {points} points"
+    return shape, (value, loc, attn), (True, True, True), grad, variants
+
+
+def grid_case(input_shape, grid_shape, grads, point_sample):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(*input_shape, generator=gen)
+    if point_sample:  # coordinates in [0, 1], as Mask2Former samples them
+        coords = torch.rand(grid_shape[0], grid_shape[1], 2, generator=gen)
+        tensors = (x, coords)
+
+        def wrap(fn):
+            return lambda t, c: fn(t, 2.0 * c.unsqueeze(2) - 1.0).squeeze(3)
+    else:
+        tensors = (x, torch.rand(*grid_shape, generator=gen) * 2 - 1)
+
+        def wrap(fn):
+            return fn
+    variants = {
+        "torch": wrap(lambda t, g: TF.grid_sample(t, g, "bilinear", "zeros", False)),
+        "detops exact": wrap(lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False)),
+        "detops atomic": wrap(lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False,
+                                                                    backward_mode="atomic")),
+    }
+    with torch.no_grad():
+        out_shape = variants["torch"](*tensors).shape
+    grad = torch.randn(out_shape, generator=gen)
+    shape = f"input {list(input_shape)}, " + (f"points [{grid_shape[0]}, {grid_shape[1]}, 2]" if point_sample
+                                              else f"grid {list(grid_shape)}")
+    return shape, tensors, grads, grad, variants
+
+
+def time_once(fn, tensors, needs_grad, grad, backward):
+    if backward:
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, needs_grad)]
+        start = time.perf_counter()
+        fn(*leaves).backward(grad)
+        return time.perf_counter() - start
+    with torch.no_grad():
+        start = time.perf_counter()
+        fn(*tensors)
+        return time.perf_counter() - start
+
+
+def run_case(name, case, repeats):
+    shape, tensors, needs_grad, grad, variants = case
+    result = {"shape": shape, "ms": {}}
+    for phase, backward in (("fwd", False), ("fwd+bwd", True)):
+        samples = {v: [] for v in variants}
+        for v, fn in variants.items():  # warm-up
+            time_once(fn, tensors, needs_grad, grad, backward)
+        for r in range(repeats):
+            order = list(variants) if r % 2 == 0 else list(reversed(variants))
+            for v in order:
+                samples[v].append(time_once(variants[v], tensors, needs_grad, grad, backward) * 1e3)
+        for v, ms in samples.items():
+            result["ms"].setdefault(v, {})[phase] = {"median": statistics.median(ms), "samples": ms}
+    return result
+
+
+def table(results):
+    lines = [f"{'case':<14}{'phase':<9}{'torch ms':>11}{'exact ms':>11}{'atomic ms':>11}{'torch/exact':>13}"]
+    for name, r in results.items():
+        for phase in ("fwd", "fwd+bwd"):
+            t, e, a = (r["ms"][v][phase]["median"] for v in ("torch", "detops exact", "detops atomic"))
+            lines.append(f"{name:<14}{phase:<9}{t:>11.2f}{e:>11.2f}{a:>11.2f}{t / e:>12.2f}x")
+    lines.append("")
+    lines += [f"{name}: {r['shape']}" for name, r in results.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="JSON output path; the table goes next to it with a .txt suffix")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per variant and phase (median)")
+    parser.add_argument("--quick", action="store_true", help="the DINO case at a quarter of each level side")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    levels = [(max(h // 4, 1), max(w // 4, 1)) for h, w in DINO_LEVELS] if args.quick else DINO_LEVELS
+    cases = {
+        "gs_rtdetr": lambda: grid_case((1, 256, 100, 167), (1, 300, 16, 2), (True, True), False),
+        "gs_m2f_point": lambda: grid_case((100, 1, 112, 112), (100, 12544), (True, False), True),
+        "msda_dino4": lambda: msda_case(levels),
+    }
+    doc = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                       "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+           "torch": torch.__version__, "detops": detops_torch.__version__, "threads": 1, "repeats": args.repeats,
+           "dtype": "float32", "results": {}}
+    text_path = (args.out[:-5] if args.out.endswith(".json") else args.out) + ".txt"
+    for name, make in cases.items():
+        doc["results"][name] = run_case(name, make(), args.repeats)
+        doc["machine"]["loadavg_end"] = os.getloadavg()
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        with open(text_path, "w") as f:
+            f.write(table(doc["results"]))
+        print(table({name: doc["results"][name]}), end="", flush=True)
+
+
+if __name__ == "__main__":
+    main()
