@@ -29,13 +29,18 @@ struct Case {
   detail::GridSampleShape shape;
 };
 
-Case make_case(DType dt, DType gdt, Layout layout, const GridSampleOptions& o) {
+/// Sizes of a case: [N, C, H, W] sampled at [N, Ho, Wo].
+struct Sizes {
+  std::int64_t N, C, H, W, Ho, Wo;
+};
+
+// By default many points outside a small map: long runs on the border pixels with border padding.
+Case make_case(DType dt, DType gdt, Layout layout, const GridSampleOptions& o, const Sizes& z = {2, 5, 6, 7, 9, 11}) {
   Case c;
-  // many points outside a small map: long runs on the border pixels with border padding
-  c.p = test::make_grid_problem(2, 5, 6, 7, 9, 11, o, 500, 2.5);
+  c.p = test::make_grid_problem(z.N, z.C, z.H, z.W, z.Ho, z.Wo, o, 500, 2.5);
   c.t = test::grid_tensors(c.p, dt, gdt, layout);
-  c.shape = {2, 5, 6, 7, 9, 11, o.interpolation == GridSampleInterpolation::kNearest, static_cast<int>(o.padding),
-             o.align_corners};
+  c.shape = {z.N, z.C, z.H, z.W, z.Ho, z.Wo, o.interpolation == GridSampleInterpolation::kNearest,
+             static_cast<int>(o.padding), o.align_corners};
   return c;
 }
 
@@ -179,6 +184,34 @@ TEST(GridSampleEmulated, KernelBodiesMatchTheCpuBackendBitwise) {
           check_exact<T>(c, layout, what);
           check_grad_grid<T>(c, gdt, what);
         });
+      }
+    }
+  }
+}
+
+/// The CPU backend's other loop shapes: one channel (point by point), one image and several, more
+/// channel groups than one (16 channels each) and more points than one piece of grad_grid's
+/// channel-outer walk (4096), each against the bodies.
+TEST(GridSampleEmulated, CpuLoopShapesMatchTheBodies) {
+  const GridSampleOptions bilinear_zeros{GridSampleInterpolation::kBilinear, GridSamplePadding::kZeros, false};
+  const GridSampleOptions bilinear_border{GridSampleInterpolation::kBilinear, GridSamplePadding::kBorder, true};
+  for (const Sizes& z : {Sizes{1, 1, 9, 10, 70, 71}, Sizes{3, 1, 9, 10, 20, 21}, Sizes{2, 40, 8, 9, 70, 71},
+                         Sizes{3, 20, 7, 8, 12, 13}}) {
+    for (const GridSampleOptions& o : {bilinear_zeros, bilinear_border}) {
+      for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+        for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+          const Case c = make_case(dt, dt, layout, o, z);
+          const std::string what = "N" + std::to_string(z.N) + " C" + std::to_string(z.C) + " " +
+                                   to_string(o.padding) + "/" + std::string(dtype_name(dt)) +
+                                   (layout == Layout::kNHWC ? "/nhwc" : "/nchw");
+          internal::dispatch_floating(dt, [&](auto tag) {
+            using T = decltype(tag);
+            check_forward<T>(c, layout, what);
+            check_atomic<T>(c, layout, what);
+            check_exact<T>(c, layout, what);
+            check_grad_grid<T>(c, dt, what);
+          });
+        }
       }
     }
   }

@@ -1,12 +1,17 @@
 // CPU backend of grid_sample. Every value comes from the shared bodies of
 // include/detops/detail/grid_sample_kernels.h; this file only chooses the loops:
 //  - forward: a point's corners are computed once and read for many channels (NHWC: threads take
-//    points; NCHW: pieces of points for groups of channels);
-//  - atomic backward: a plain scatter, threads own groups of planes, so every grad_input element
+//    points; NCHW: the image's points, computed once and sorted by row, for each channel of a
+//    group in turn);
+//  - atomic backward: a plain scatter, threads own groups of planes (points in grid order, each
+//    computed once per image and group, as the forward's), so every grad_input element
 //    receives its contributions in grid order, rounded per add as CUDA's atomics round them
 //    (deterministic here, unlike on the GPU);
 //  - exact backward: the gather engine (src/internal/gather_backward_cpu.h) per chunk of images;
-//  - grad_grid: threads take grid points, each sums over the channels in order.
+//  - grad_grid: threads take grid points, each sums over the channels in order (NCHW: channels
+//    outermost over a piece of points, each point with its own sums: the one place that repeats
+//    a body's arithmetic, grid_sample_grad_grid_point's per-channel step, which cannot take the
+//    channels outermost).
 // No result depends on the thread count or the layout.
 #include <algorithm>
 #include <cstdint>
@@ -27,13 +32,110 @@ using detail::GridSampleStrides;
 /// Grid points a thread takes at a time (each is C channels of work).
 std::int64_t point_grain(std::int64_t C) { return std::max<std::int64_t>(1, 2048 / std::max<std::int64_t>(C, 1)); }
 
-/// The NCHW walks take pieces of kPiece grid points whose corners are computed once and read for
-/// kGroup channels (one plane at a time, which stays in cache).
-constexpr std::int64_t kPiece = 512, kGroup = 16;
+/// The NCHW walks take (image, group of up to kGroup channels) items: an item computes the corners
+/// of all the image's grid points once, then walks them for one channel plane after the other, so
+/// each plane is read (or, in the backward, written) in one pass while it stays in cache (pieces
+/// of points would bring every plane back once per piece). With one channel per item there is
+/// nothing to share: the walk computes each point where it uses it.
+constexpr std::int64_t kGroup = 16;
+
+// Inlines every call of the function it marks. The shared point helpers (grid_sample_point,
+// grid_point) are too big for GCC to inline on its own; called out of line, they build the point
+// on the stack and copy it to the caller, whose wide loads of the narrower stores stall: that copy
+// took about a third of the points workload's time. Inlining changes no operation, so no bit.
+#if defined(__GNUC__) || defined(__clang__)
+#define DETOPS_GRID_FLATTEN __attribute__((flatten))
+#else
+#define DETOPS_GRID_FLATTEN
+#endif
+
+/// Calls visit(ho, wo, point) for the grid points of image n, in order (wo fastest).
+template <class T, class Visit>
+DETOPS_GRID_FLATTEN void for_each_point(const detail::GridSampleArgs<T>& a, std::int64_t n, Visit&& visit) {
+  for (std::int64_t ho = 0; ho < a.shape.Ho; ++ho)
+    for (std::int64_t wo = 0; wo < a.shape.Wo; ++wo) visit(ho, wo, detail::grid_sample_point(a, n, ho, wo));
+}
+
+/// Points walked ahead of the one read: how far prefetch_corners looks.
+constexpr std::int64_t kAhead = 8;
+
+/// Asks the cache for the rows of point p's corners in `plane` (changes no value). The NCHW walks
+/// read (or write) a plane at the points' random corners; the first pass over a plane would
+/// otherwise wait on memory at every point.
+template <class T, class A>
+inline void prefetch_corners(const GridPoint<A>& p, const T* plane, const GridSampleStrides& st) {
+#if defined(__GNUC__) || defined(__clang__)
+  for (int k = 0; k < p.count; k += 2) {  // nw (or nearest's pixel) and sw: each the first valid of its row
+    const int first = p.valid[k] ? k : k + 1;
+    if (first < p.count && p.valid[first]) __builtin_prefetch(plane + p.iy[first] * st.s2 + p.ix[first] * st.s3);
+  }
+#else
+  (void)p, (void)plane, (void)st;
+#endif
+}
+
+/// A grid point of an NCHW walk with its place in the grid.
+template <class A>
+struct PlacedPoint {
+  GridPoint<A> p;
+  std::int64_t ho, wo;
+};
+
+/// A walk's buffers (one per thread, reused across its items).
+template <class A>
+struct WalkBuffers {
+  std::vector<PlacedPoint<A>> points, scratch;
+  std::vector<std::int64_t> rows;  // counting sort's buckets
+};
+
+/// Orders points by the row of their first corner (stable; points sampling nothing first), so a
+/// walk reads a plane row after row instead of at random.
+template <class A>
+void sort_by_row(WalkBuffers<A>& b, std::int64_t H) {
+  auto bucket = [H](const GridPoint<A>& p) {
+    return p.count == 0 ? std::int64_t{0} : std::min(std::max(p.iy[0], std::int64_t{-1}), H) + 2;
+  };
+  b.rows.assign(static_cast<std::size_t>(H + 4), 0);
+  for (const PlacedPoint<A>& q : b.points) ++b.rows[static_cast<std::size_t>(bucket(q.p) + 1)];
+  for (std::size_t r = 1; r < b.rows.size(); ++r) b.rows[r] += b.rows[r - 1];
+  b.scratch.resize(b.points.size());
+  for (const PlacedPoint<A>& q : b.points) {
+    std::int64_t& slot = b.rows[static_cast<std::size_t>(bucket(q.p))];
+    b.scratch[static_cast<std::size_t>(slot++)] = q;
+  }
+  b.points.swap(b.scratch);
+}
+
+/// Calls visit(c, ho, wo, point) for the channels [c0, c1) of image n, channel by channel; within
+/// a channel the grid points in order, or, with `any_order` (for visits that do not depend on one
+/// another), sorted by row. `image` (strides st) is the tensor whose planes visit reads or writes
+/// at the corners: prefetched.
+template <class T, class A, class U, class Visit>
+void for_each_channel_point(const detail::GridSampleArgs<T>& a, std::int64_t n, std::int64_t c0, std::int64_t c1,
+                            WalkBuffers<A>& b, bool any_order, const U* image, const GridSampleStrides& st,
+                            Visit&& visit) {
+  if (c1 - c0 == 1) {
+    for_each_point(a, n, [&](std::int64_t ho, std::int64_t wo, const GridPoint<A>& p) { visit(c0, ho, wo, p); });
+    return;
+  }
+  const std::int64_t count = a.shape.Ho * a.shape.Wo;
+  b.points.resize(static_cast<std::size_t>(count));
+  PlacedPoint<A>* next = b.points.data();
+  for_each_point(a, n, [&](std::int64_t ho, std::int64_t wo, const GridPoint<A>& p) { *next++ = {p, ho, wo}; });
+  if (any_order) sort_by_row(b, a.shape.H);
+  for (std::int64_t c = c0; c < c1; ++c) {
+    const U* plane = image + c * st.s1;
+    const PlacedPoint<A>* q = b.points.data();
+    for (std::int64_t i = 0; i < count; ++i) {
+      if (i + kAhead < count) prefetch_corners(q[i + kAhead].p, plane, st);
+      visit(c, q[i].ho, q[i].wo, q[i].p);
+    }
+  }
+}
 
 /// Forward. Channels innermost in the input (NHWC): threads take grid points and read a point's
-/// corners across the contiguous channels. Otherwise (NCHW): threads take (image, piece of points,
-/// group of channels) items. Either way every output element is the same arithmetic.
+/// corners across the contiguous channels. Otherwise (NCHW): threads take (image, group of
+/// channels) items. Either way every output element is the same arithmetic.
 template <class T>
 void forward_typed(const GridSampleCall& call, const Context& ctx) {
   using A = acc_t<T>;
@@ -55,22 +157,17 @@ void forward_typed(const GridSampleCall& call, const Context& ctx) {
     });
     return;
   }
-  const std::int64_t plane_points = s.Ho * s.Wo;
-  const std::int64_t pieces = (plane_points + kPiece - 1) / kPiece, groups = (s.C + kGroup - 1) / kGroup;
-  parallel_for(s.N * pieces * groups, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
-    std::vector<GridPoint<A>> points(static_cast<std::size_t>(std::min(plane_points, kPiece)));
+  const std::int64_t groups = (s.C + kGroup - 1) / kGroup;
+  parallel_for(s.N * groups, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+    WalkBuffers<A> buffers;
     for (std::int64_t item = lo; item < hi; ++item) {
-      const std::int64_t g = item % groups, piece = (item / groups) % pieces, n = item / (groups * pieces);
-      const std::int64_t q0 = piece * kPiece, q1 = std::min(plane_points, q0 + kPiece);
-      for (std::int64_t q = q0; q < q1; ++q)
-        points[static_cast<std::size_t>(q - q0)] = detail::grid_sample_point(a, n, q / s.Wo, q % s.Wo);
-      for (std::int64_t c = g * kGroup; c < std::min(s.C, (g + 1) * kGroup); ++c) {
-        const T* plane = a.input + n * a.in.s0 + c * a.in.s1;
-        T* o = output + n * out.s0 + c * out.s1;
-        for (std::int64_t q = q0; q < q1; ++q)
-          o[(q / s.Wo) * out.s2 + (q % s.Wo) * out.s3] =
-              from_acc<T>(detail::grid_sample_interpolate(points[static_cast<std::size_t>(q - q0)], plane, a.in));
-      }
+      const std::int64_t g = item % groups, n = item / groups;
+      for_each_channel_point(a, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), buffers, true,
+                             a.input + n * a.in.s0, a.in,
+                             [&](std::int64_t c, std::int64_t ho, std::int64_t wo, const GridPoint<A>& p) {
+                               output[n * out.s0 + c * out.s1 + ho * out.s2 + wo * out.s3] = from_acc<T>(
+                                   detail::grid_sample_interpolate(p, a.input + n * a.in.s0 + c * a.in.s1, a.in));
+                             });
     }
   });
 }
@@ -92,38 +189,31 @@ void zero_fill(const TensorView& v, const Context& ctx) {
 }
 
 /// Atomic mode: threads own (image, group of channels) items, so each grad_input plane has one
-/// writer; an item walks the grid points in order, a piece at a time (corners computed once per
-/// piece), and adds into each of its planes (the order of CUDA's thread indices within a plane,
-/// so the two backends add the same values; only CUDA's scheduling reorders them).
+/// writer; an item walks the grid points in order for each of its planes (the order of CUDA's
+/// thread indices within a plane, so the two backends add the same values; only CUDA's
+/// scheduling reorders them).
 template <class T>
 void scatter_backward(const GridSampleCall& call, const Context& ctx) {
   using A = acc_t<T>;
   const detail::GridSampleBackwardArgs<T> a = grid_sample_backward_args<T>(call, false);
   const GridSampleShape& s = call.shape;
   T* gi = static_cast<T*>(call.grad_input.data);
-  const std::int64_t plane_points = s.Ho * s.Wo, groups = (s.C + kGroup - 1) / kGroup;
+  const std::int64_t groups = (s.C + kGroup - 1) / kGroup;
   parallel_for(s.N * groups, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
-    std::vector<GridPoint<A>> points(static_cast<std::size_t>(std::min(plane_points, kPiece)));
+    WalkBuffers<A> buffers;
     for (std::int64_t item = lo; item < hi; ++item) {
       const std::int64_t g = item % groups, n = item / groups;
-      for (std::int64_t q0 = 0; q0 < plane_points; q0 += kPiece) {
-        const std::int64_t q1 = std::min(plane_points, q0 + kPiece);
-        for (std::int64_t q = q0; q < q1; ++q)
-          points[static_cast<std::size_t>(q - q0)] = detail::grid_sample_point(a.g, n, q / s.Wo, q % s.Wo);
-        for (std::int64_t c = g * kGroup; c < std::min(s.C, (g + 1) * kGroup); ++c) {
-          T* plane = gi + n * a.gi.s0 + c * a.gi.s1;
-          const T* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
-          for (std::int64_t q = q0; q < q1; ++q) {
-            const GridPoint<A>& p = points[static_cast<std::size_t>(q - q0)];
-            const A gv = to_acc(go[(q / s.Wo) * a.go.s2 + (q % s.Wo) * a.go.s3]);
+      for_each_channel_point(
+          a.g, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), buffers, false, gi + n * a.gi.s0, a.gi,
+          [&](std::int64_t c, std::int64_t ho, std::int64_t wo, const GridPoint<A>& p) {
+            T* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+            const A gv = to_acc(a.grad_output[n * a.go.s0 + c * a.go.s1 + ho * a.go.s2 + wo * a.go.s3]);
             for (int k = 0; k < p.count; ++k) {
               if (!p.valid[k]) continue;
               T& dst = plane[p.iy[k] * a.gi.s2 + p.ix[k] * a.gi.s3];
               dst = from_acc<T>(to_acc(dst) + gv * p.weight[k]);
             }
-          }
-        }
-      }
+          });
     }
   });
 }
@@ -180,15 +270,76 @@ void exact_backward(const GridSampleCall& call, const Context& ctx, Workspace ws
   }
 }
 
+/// Grid points an NCHW grad_grid piece holds (their corners and two sums each).
+constexpr std::int64_t kGradGridPiece = 4096;
+
+/// grad_grid: threads take ranges of grid points. NHWC, one channel or nearest: point by point,
+/// each summing over its channels (grid_sample_grad_grid_element). NCHW bilinear: a piece of one
+/// image's points at a time, corners computed once and sorted by row, then the channels
+/// outermost, so each plane is read in one pass rather than once per point; every point still
+/// adds its channels in order with the operations of grid_sample_grad_grid_point (the emulated
+/// test holds the two to the byte).
 template <class T>
 void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
+  using A = acc_t<T>;
   const detail::GridSampleBackwardArgs<T> a = grid_sample_backward_args<T>(call, false);
   const GridSampleShape& s = call.shape;
   const GridSampleStrides gg = gs_strides(call.grad_grid);
-  parallel_for(s.N * s.Ho * s.Wo, point_grain(s.C), ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t t = lo; t < hi; ++t)
-      detail::grid_sample_grad_grid_element(t, a, call.grad_grid.data, call.grad_grid.dtype, gg);
-  });
+  const int threads = ctx.resolved_threads();
+  if (channels_innermost(call.input) || s.C == 1 || s.nearest) {
+    parallel_for(s.N * s.Ho * s.Wo, point_grain(s.C), threads,
+                 [&](std::int64_t lo, std::int64_t hi) DETOPS_GRID_FLATTEN {
+                   for (std::int64_t t = lo; t < hi; ++t)
+                     detail::grid_sample_grad_grid_element(t, a, call.grad_grid.data, call.grad_grid.dtype, gg);
+                 });
+    return;
+  }
+  const std::int64_t plane_points = s.Ho * s.Wo;
+  const auto grad_grid_range = [&](std::int64_t lo, std::int64_t hi) DETOPS_GRID_FLATTEN {
+    WalkBuffers<A> b;
+    std::vector<A> sum_x, sum_y;
+    for (std::int64_t t0 = lo; t0 < hi;) {
+      const std::int64_t n = t0 / plane_points, q0 = t0 % plane_points;
+      const std::int64_t len = std::min({hi - t0, plane_points - q0, kGradGridPiece});
+      const auto size = static_cast<std::size_t>(len);
+      b.points.resize(size);
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t ho = (q0 + i) / s.Wo, wo = (q0 + i) % s.Wo;
+        b.points[static_cast<std::size_t>(i)] = {detail::grid_sample_point(a.g, n, ho, wo), ho, wo};
+      }
+      sort_by_row(b, s.H);  // each point's sums are its own: any point order gives the same bits
+      sum_x.assign(size, A(0));
+      sum_y.assign(size, A(0));
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        const T* plane = a.g.input + n * a.g.in.s0 + c * a.g.in.s1;
+        const T* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
+        for (std::size_t i = 0; i < size; ++i) {
+          if (i + kAhead < size) prefetch_corners(b.points[i + kAhead].p, plane, a.g.in);
+          const PlacedPoint<A>& q = b.points[i];
+          const GridPoint<A>& p = q.p;
+          if (p.count != 4) continue;
+          A v[4];
+          for (int k = 0; k < 4; ++k)
+            v[k] = p.valid[k] ? to_acc(plane[p.iy[k] * a.g.in.s2 + p.ix[k] * a.g.in.s3]) : A(0);
+          const A g = to_acc(go[q.ho * a.go.s2 + q.wo * a.go.s3]);
+          const A ex = A(1) - p.dx, sy = A(1) - p.dy;
+          sum_x[i] = detail::fma_(detail::fma_(v[3] - v[2], p.dy, (v[1] - v[0]) * sy), g, sum_x[i]);
+          sum_y[i] = detail::fma_(detail::fma_(v[3] - v[1], p.dx, (v[2] - v[0]) * ex), g, sum_y[i]);
+        }
+      }
+      for (std::size_t i = 0; i < size; ++i) {
+        const PlacedPoint<A>& q = b.points[i];
+        const bool bilinear = q.p.count == 4;
+        const std::int64_t off = n * gg.s0 + q.ho * gg.s1 + q.wo * gg.s2;
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off,
+                                 bilinear ? sum_x[i] * q.p.gx_mult : A(0));
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off + gg.s3,
+                                 bilinear ? sum_y[i] * q.p.gy_mult : A(0));
+      }
+      t0 += len;
+    }
+  };
+  parallel_for(s.N * plane_points, point_grain(s.C), threads, grad_grid_range);
 }
 
 // ---------------------------------------------------------------------------------------------
