@@ -8,6 +8,7 @@
 #include "detops/grid_sample.h"
 #include "detops/ms_deform_attn.h"
 #include "detops/roi_align.h"
+#include "detops/roi_align_rotated.h"
 #include "detops/communicator.h"
 #include "detops/sync_batch_norm.h"
 #include "detops/tensor.h"

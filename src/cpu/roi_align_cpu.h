@@ -43,6 +43,23 @@ inline Corners corners(const Sample<A>& p, std::int64_t sh, std::int64_t sw) {
   return {p.o1, p.o1 + dx, p.o1 + dy, p.o1 + dy + dx};
 }
 
+/// The table entry of bilinear sample b (grid index `index`) in a plane with row stride sh and
+/// column stride sw; every field written (tables are not zero-initialized).
+template <class A>
+inline Sample<A> make_sample(const Bilinear<A>& b, std::int64_t index, std::int64_t sh, std::int64_t sw) {
+  Sample<A> q;
+  q.valid = b.valid;
+  q.index = static_cast<std::int32_t>(index);
+  q.o1 = b.valid ? b.y_low * sh + b.x_low * sw : 0;
+  q.step_x = b.valid && b.x_high != b.x_low;
+  q.step_y = b.valid && b.y_high != b.y_low;
+  q.w1 = b.valid ? b.w1 : A(0);
+  q.w2 = b.valid ? b.w2 : A(0);
+  q.w3 = b.valid ? b.w3 : A(0);
+  q.w4 = b.valid ? b.w4 : A(0);
+  return q;
+}
+
 /// Every sample of one roi, grouped by bin: bin b owns samples [b * per_bin, (b + 1) * per_bin).
 template <class A>
 struct RoiTable {
@@ -69,17 +86,7 @@ void fill_roi_samples(const RoiBox<A>& box, const detail::RoiAlignShape& s, std:
         const A y = detail::sample_coord(box.start_h, box.bin_h, ph, iy, box.grid_h);
         for (std::int64_t ix = 0; ix < box.grid_w; ++ix, ++i) {
           const A x = detail::sample_coord(box.start_w, box.bin_w, pw, ix, box.grid_w);
-          const Bilinear<A> b = detail::bilinear(y, x, s.H, s.W);
-          Sample<A>& q = out[i];  // every field written: tables are not zero-initialized
-          q.valid = b.valid;
-          q.index = static_cast<std::int32_t>(iy * box.grid_w + ix);
-          q.o1 = b.valid ? b.y_low * sh + b.x_low * sw : 0;
-          q.step_x = b.valid && b.x_high != b.x_low;
-          q.step_y = b.valid && b.y_high != b.y_low;
-          q.w1 = b.valid ? b.w1 : A(0);
-          q.w2 = b.valid ? b.w2 : A(0);
-          q.w3 = b.valid ? b.w3 : A(0);
-          q.w4 = b.valid ? b.w4 : A(0);
+          out[i] = make_sample(detail::bilinear(y, x, s.H, s.W), iy * box.grid_w + ix, sh, sw);
         }
       }
 }

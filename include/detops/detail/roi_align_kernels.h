@@ -19,11 +19,11 @@ struct Strides4 {
   std::int64_t s0, s1, s2, s3;
 };
 
-/// Reads roi row k as doubles (exact for every supported dtype): out[0] = batch index,
-/// out[1..4] = x1, y1, x2, y2.
+/// Reads the `columns` values of roi row k as doubles (exact for every supported dtype): for
+/// RoIAlign out[0] = batch index, out[1..4] = x1, y1, x2, y2 (RoIAlignRotated reads 6 columns).
 DETOPS_HOST_DEVICE inline void load_roi_row(const void* rois, DType dtype, std::int64_t s0, std::int64_t s1,
-                                            std::int64_t k, double* out) {
-  for (int i = 0; i < 5; ++i) {
+                                            std::int64_t k, double* out, int columns = 5) {
+  for (int i = 0; i < columns; ++i) {
     const std::int64_t off = k * s0 + i * s1;
     switch (dtype) {
       case DType::kFloat64: out[i] = static_cast<const double*>(rois)[off]; break;
