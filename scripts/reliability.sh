@@ -10,14 +10,14 @@ SECONDS=0
 
 # ---------------------------------------------------------------------------------------------
 # Reliability stages (issue 6), after the two of scripts/test.sh (which calls this script):
-#   3. build-fuzz/: clang, libFuzzer + ASan + UBSan: builds every target (the only clang build of
-#      the tests), then each fuzz target of the build (tests/fuzz/*_fuzz.cpp; found as the fuzz
+#   3. build-asan/: clang, libFuzzer + ASan + UBSan (stage 2's build: built here only when the
+#      script runs alone), then each fuzz target of the build (tests/fuzz/*_fuzz.cpp; found as the fuzz
 #      label's replay tests, ctest -N -L fuzz) runs from a scratch copy of its committed corpus
 #      (plus the regression inputs), DETOPS_FUZZ_JOBS (nproc) at a time, for DETOPS_FUZZ_SECONDS
 #      each: by default DETOPS_FUZZ_TOTAL_SECONDS (360, i.e. 45 s for each of 8 targets) shared
 #      evenly by the targets, at least 20 s each, so a new target costs the stage little time;
 #      any crash, sanitizer report or failed check fails the stage (inputs land in
-#      build-fuzz/fuzz-artifacts/);
+#      build-asan/fuzz-artifacts/);
 #   4. build-tsan/: CPU-only, ThreadSanitizer: the cpu tests (without the 20-run repeats);
 #   5. build/: the large-tensor tests (label large, ~9 GB) when MemAvailable >= 14 GB.
 # DETOPS_SKIP_FUZZ=1, DETOPS_SKIP_TSAN=1, DETOPS_SKIP_LARGE=1 skip one of them.
@@ -25,7 +25,7 @@ SECONDS=0
 if [[ "${DETOPS_SKIP_FUZZ:-0}" == "1" ]]; then
   echo "== stage 3 (fuzzing) skipped: DETOPS_SKIP_FUZZ=1 =="
 else
-  echo "== stage 3: build-fuzz/ (clang, libFuzzer + address;undefined) =="
+  echo "== stage 3: build-asan/ (clang, libFuzzer + address;undefined) =="
   stage_start=$SECONDS
   if ! command -v clang++ > /dev/null; then
     echo "stage 3: installing clang (libFuzzer)"
@@ -35,16 +35,13 @@ else
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends clang libclang-rt-dev \
       || DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends clang
   fi
-  cmake --preset fuzz
-  cmake --build --preset fuzz -j "$jobs"
-  # every other target too (the tests): the only clang build of them, so code that GCC accepts
-  # and clang rejects (e.g. a lambda capturing a structured binding in C++17) fails here
-  cmake --build build-fuzz -j "$jobs"
+  cmake --preset fuzz                         # = the asan preset's build-asan/
+  cmake --build --preset fuzz -j "$jobs"      # the fuzz targets (nothing to do after stage 2)
   # the targets: one replay test detops_fuzz_<target>_replay (label fuzz) per tests/fuzz/<target>_fuzz.cpp
-  mapfile -t targets < <(ctest --test-dir build-fuzz -N -L fuzz |
+  mapfile -t targets < <(ctest --test-dir build-asan -N -L fuzz |
                          sed -nE 's/^ *Test +#[0-9]+: detops_fuzz_(.+)_replay$/\1/p')
   if (( ${#targets[@]} == 0 )); then
-    echo "stage 3 failed: ctest -N -L fuzz in build-fuzz/ lists no detops_fuzz_<target>_replay test"
+    echo "stage 3 failed: ctest -N -L fuzz in build-asan/ lists no detops_fuzz_<target>_replay test"
     exit 1
   fi
   fuzz_total=${DETOPS_FUZZ_TOTAL_SECONDS:-360}
@@ -52,7 +49,7 @@ else
   fuzz_jobs=${DETOPS_FUZZ_JOBS:-$jobs}
   echo "stage 3: ${#targets[@]} fuzz targets, ${fuzz_seconds}s each, $fuzz_jobs at a time: ${targets[*]}"
   fuzz_tmp=$(mktemp -d)
-  artifacts=build-fuzz/fuzz-artifacts
+  artifacts=build-asan/fuzz-artifacts
   mkdir -p "$artifacts"
   run_fuzz_target() {
     local t=$1 regressions=()
@@ -62,7 +59,7 @@ else
     local rc=0
     DETOPS_FUZZ_STATS=1 ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1 \
       UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
-      "build-fuzz/tests/fuzz/detops_fuzz_$t" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -timeout=25 \
+      "build-asan/tests/fuzz/detops_fuzz_$t" -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -timeout=25 \
       -artifact_prefix="$artifacts/$t-" -print_final_stats=1 "$fuzz_tmp/corpus/$t" "${regressions[@]}" \
       > "$fuzz_tmp/$t.log" 2>&1 || rc=$?
     echo "$rc" > "$fuzz_tmp/$t.rc"
@@ -90,7 +87,7 @@ else
   rm -rf "$fuzz_tmp"
   echo "== stage 3 done in $((SECONDS - stage_start))s (${SECONDS}s in all) =="
   if [[ "$fuzz_failed" != "0" ]]; then
-    echo "stage 3 failed: replay an input with build-fuzz/tests/fuzz/detops_fuzz_<target> <file>"
+    echo "stage 3 failed: replay an input with build-asan/tests/fuzz/detops_fuzz_<target> <file>"
     exit 1
   fi
 fi

@@ -4,8 +4,9 @@
 #      says otherwise), the PyTorch binding (required when libtorch-dev is installed, as
 #      install-deps.sh does where the release has it), every test: cpu, gpu (each skips without a
 #      device), consumer and torch;
-#   2. build-asan/: CPU-only, AddressSanitizer + UBSan at -O1, the cpu tests;
-#   3-5. scripts/reliability.sh: fuzzing (build-fuzz/), ThreadSanitizer (build-tsan/), and the
+#   2. build-asan/: CPU-only clang, AddressSanitizer + UBSan at -O1: every target (the tests and
+#      the libFuzzer targets of stage 3; the only clang build of the tests), then the cpu tests;
+#   3-5. scripts/reliability.sh: fuzzing (build-asan/), ThreadSanitizer (build-tsan/), and the
 #      large-tensor tests (build/, only when MemAvailable >= 14 GiB); see that script.
 # DETOPS_SKIP_SANITIZERS=1 skips stages 2-5 for a quick local run; DETOPS_SKIP_FUZZ=1,
 # DETOPS_SKIP_TSAN=1 and DETOPS_SKIP_LARGE=1 skip one of stages 3-5.
@@ -34,7 +35,9 @@ if [[ "${DETOPS_SKIP_SANITIZERS:-0}" == "1" ]]; then
   exit 0
 fi
 
-echo "== stage 2: build-asan/ (CPU-only, address;undefined) =="
+# One sanitizer build serves stages 2 and 3 (a separate GCC ASan build of the same tests cost
+# about ten minutes of CI and found nothing the clang one does not).
+echo "== stage 2: build-asan/ (CPU-only clang, address;undefined, libFuzzer targets) =="
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan       # the cpu label, with ASAN_OPTIONS/UBSAN_OPTIONS halt_on_error=1
