@@ -32,8 +32,8 @@ __global__ void permute_records_kernel(const std::int64_t* sorted_ids, const A* 
   DETOPS_GRID_STRIDE(r, n) detail::gather_permute_record(r, sorted_ids, weights, sources, sorted_weights, sorted_sources);
 }
 
-template <class T, class A, class Target, class Active>
-__global__ void run_sums_kernel(detail::GatherSumArgs<T, A> a, const std::int64_t* num_runs, bool channels_fastest,
+template <class T, class A, class U, class Target, class Active>
+__global__ void run_sums_kernel(detail::GatherSumArgs<T, A, U> a, const std::int64_t* num_runs, bool channels_fastest,
                                 Target target, Active active) {
   // *num_runs: written on the device by CUB's run-length encode (the host never learns it)
   DETOPS_GRID_STRIDE(t, *num_runs * a.C) detail::gather_run_element(t, a, *num_runs, channels_fastest, target, active);
@@ -157,12 +157,12 @@ detail::GatherSorted<A> gather_sort_cuda(const GatherCudaBuffers<A>& b, std::int
 
 /// Phase 3: launches one thread per (run, channel) for up to `max_runs` runs (the device count
 /// decides how many do work). The sentinel's run, when present, writes nothing.
-template <class T, class A, class Target, class Active = detail::GatherAllActive>
-void gather_sum_cuda(const detail::GatherSumArgs<T, A>& a, const std::int64_t* num_runs, std::int64_t max_runs,
+template <class T, class A, class U, class Target, class Active = detail::GatherAllActive>
+void gather_sum_cuda(const detail::GatherSumArgs<T, A, U>& a, const std::int64_t* num_runs, std::int64_t max_runs,
                      bool channels_fastest, const Target& target, const Context& ctx, const char* op,
                      const Active& active = Active{}) {
   if (max_runs <= 0 || a.C <= 0) return;
-  gather_cuda::run_sums_kernel<T, A, Target, Active>
+  gather_cuda::run_sums_kernel<T, A, U, Target, Active>
       <<<grid_for(max_runs * a.C), kBlock, 0, stream_of(ctx)>>>(a, num_runs, channels_fastest, target, active);
   check_launch("run_sums_kernel", op, ctx);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "detops/context.h"
+#include "detops/deform_conv2d.h"
 #include "detops/dtype.h"
 #include "detops/error.h"
 #include "detops/frozen_batch_norm.h"

@@ -125,8 +125,8 @@ std::int64_t gather_sort_cpu(const GatherCpuBuffers<A>& b, std::int64_t n, std::
 /// Parallel over runs (each writes its own destination); with channels contiguous on both sides
 /// the sums of a run advance together over the channels (the same additions per channel, in the
 /// same order, so the same bits as one channel at a time).
-template <class T, class A, class Target, class Active = detail::GatherAllActive>
-void gather_sum_cpu(const detail::GatherSumArgs<T, A>& a, std::int64_t runs, const Target& target, int threads,
+template <class T, class A, class U, class Target, class Active = detail::GatherAllActive>
+void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, const Target& target, int threads,
                     const Active& active = Active{}) {
   if (runs <= 0 || a.C <= 0) return;
   const bool rows = a.upstream_c == 1 && a.out_c == 1 && a.C > 1;
@@ -144,7 +144,7 @@ void gather_sum_cpu(const detail::GatherSumArgs<T, A>& a, std::int64_t runs, con
           const std::int64_t q = end - p < split ? end : p + split;
           std::fill(part.begin(), part.end(), A(0));
           for (std::int64_t r = p; r < q; ++r) {
-            const T* g = a.upstream + a.sorted.sources[r];
+            const U* g = a.upstream + a.sorted.sources[r];
             const A w = a.sorted.weights[r];
             for (std::int64_t c = 0; c < a.C; ++c) {
               const A sum = part[c] + to_acc(g[c]) * w;

@@ -126,11 +126,12 @@ DETOPS_HOST_DEVICE inline A gather_run_sum(const GatherSorted<A>& g, std::int64_
   return total;
 }
 
-/// Phase 3's arguments apart from the op's destination map.
-template <class T, class A>
+/// Phase 3's arguments apart from the op's destination map. U is the upstream gradient's type:
+/// the op's T (grad_output), or A where an op first transforms it (deform_conv2d's columns).
+template <class T, class A, class U = T>
 struct GatherSumArgs {
   GatherSorted<A> sorted;
-  const T* upstream;        // the gradient that flows back (grad_output)
+  const U* upstream;        // the gradient that flows back (grad_output)
   std::int64_t upstream_c;  // its channel stride
   T* out;                   // the gradient written (grad_input)
   std::int64_t out_c;       // its channel stride
@@ -143,8 +144,8 @@ struct GatherSumArgs {
 /// `channels_fastest` (neighbouring threads then write neighbouring channels of a channels-last
 /// output), run-fastest otherwise. `target(key)` is the offset of the destination's channel 0 in
 /// out; runs holding the sentinel write nothing.
-template <class T, class A, class Target, class Active = GatherAllActive>
-DETOPS_HOST_DEVICE inline void gather_run_element(std::int64_t t, const GatherSumArgs<T, A>& a, std::int64_t runs,
+template <class T, class A, class U, class Target, class Active = GatherAllActive>
+DETOPS_HOST_DEVICE inline void gather_run_element(std::int64_t t, const GatherSumArgs<T, A, U>& a, std::int64_t runs,
                                                   bool channels_fastest, const Target& target,
                                                   const Active& active = Active{}) {
   const std::int64_t run = channels_fastest ? t / a.C : t % runs;

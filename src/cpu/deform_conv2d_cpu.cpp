@@ -1,0 +1,284 @@
+// CPU backend of deform_conv2d. Every value comes from the shared bodies of
+// include/detops/detail/deform_conv2d_kernels.h; this file only chooses the loops:
+//  - columns: a sampling point's corners are computed once per (image, offset group, tap, piece
+//    of positions) and read for every channel of the group;
+//  - the GEMMs: the fixed-order kernel of deform_conv2d_cpu_kernels.inc, per instruction set;
+//  - grad_offset / grad_mask: one (image, group, tap, position) per iteration, as the body;
+//  - atomic grad_input: threads own planes (a plane has one writer), contributions in the body's
+//    order, rounded per add as CUDA's atomics round them (deterministic here, unlike on the GPU);
+//  - exact grad_input: the gather engine (src/internal/gather_backward_cpu.h) per chunk.
+// No result depends on the thread count, the layout or the instruction set.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "internal/common.h"
+#include "internal/cpu_isa.h"
+#include "internal/deform_conv2d_backend.h"
+#include "internal/gather_backward_cpu.h"
+
+namespace detops {
+namespace internal {
+
+/// The per-instruction-set entry points (deform_conv2d_cpu_kernels.inc).
+struct DeformCpuKernels {
+  void (*gemm_f32)(const detail::DeformGemmArgs<float>& g, int threads);
+  void (*gemm_f64)(const detail::DeformGemmArgs<double>& g, int threads);
+};
+
+#define DETOPS_CPU_KERNELS_FILE "deform_conv2d_cpu_kernels.inc"
+#include "cpu/cpu_variants.inc"
+
+namespace {
+
+using detail::DeformConv2dShape;
+using detail::DeformCorners;
+using detail::DeformCoord;
+using detail::DeformStrides;
+
+void run_gemm(const detail::DeformGemmArgs<float>& g, const Context& ctx) {
+  cpu_kernels(ctx).gemm_f32(g, ctx.resolved_threads());
+}
+void run_gemm(const detail::DeformGemmArgs<double>& g, const Context& ctx) {
+  cpu_kernels(ctx).gemm_f64(g, ctx.resolved_threads());
+}
+
+/// Runs body(t) for t in [0, n) on the context's threads.
+template <class Body>
+void for_each(std::int64_t n, std::int64_t grain, const Context& ctx, const Body& body) {
+  parallel_for(n, grain, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) body(t);
+  });
+}
+
+/// Positions whose corners one item of the column walk computes at once.
+constexpr std::int64_t kPiece = 256;
+
+/// The columns of the chunk at n0 (Q columns): [R, Q], or [Q, R] when `transposed`. Items are
+/// (image, offset group, tap, piece of positions): the piece's points once, then each channel
+/// of the group reads its four corners (deform_sample's arithmetic, the column body's value).
+template <class T>
+void build_columns(const detail::DeformConv2dArgs<T>& a, std::int64_t n0, std::int64_t images, bool transposed,
+                   acc_t<T>* col, const Context& ctx) {
+  using A = acc_t<T>;
+  const DeformConv2dShape& s = a.s;
+  const std::int64_t P = s.positions(), taps = s.taps(), R = s.rows(), Q = images * P;
+  const std::int64_t og = s.offset_groups, cg = s.offset_group_channels();
+  const std::int64_t pieces = (P + kPiece - 1) / kPiece;
+  parallel_for(images * og * taps * pieces, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
+    std::vector<DeformCoord<A>> coords(static_cast<std::size_t>(kPiece));
+    std::vector<DeformCorners<A>> corners(static_cast<std::size_t>(kPiece));
+    for (std::int64_t item = lo; item < hi; ++item) {
+      const std::int64_t piece = item % pieces, tap = (item / pieces) % taps, g = (item / (pieces * taps)) % og;
+      const std::int64_t b = item / (pieces * taps * og), n = n0 + b;
+      const std::int64_t p0 = piece * kPiece, len = std::min(kPiece, P - p0);
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t p = p0 + i;
+        coords[i] = detail::deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);
+        corners[i] = detail::deform_corners(coords[i].y, coords[i].x, s.H, s.W);
+      }
+      for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+        const std::int64_t r = c * taps + tap, q0 = b * P + p0;
+        for (std::int64_t i = 0; i < len; ++i) {
+          const A v = detail::deform_sample(a, coords[i], corners[i], n, c);
+          if (transposed) col[(q0 + i) * R + r] = v;
+          else col[r * Q + q0 + i] = v;
+        }
+      }
+    }
+  });
+}
+
+/// weight widened to A, [Cout, Rg].
+template <class T>
+void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx) {
+  const DeformConv2dShape& s = call.shape;
+  const T* weight = static_cast<const T*>(call.weight.data);
+  const DeformStrides ws = dc_strides(call.weight);
+  for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx,
+           [&](std::int64_t t) { detail::deform_conv2d_weight_element(t, weight, ws, s, w); });
+}
+
+template <class T>
+void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
+  using A = acc_t<T>;
+  const DeformConv2dShape& s = call.shape;
+  WorkspaceLayout layout;
+  add_deform_forward<A>(layout, s);
+  layout.bind(ws.data);
+  const DeformForwardBuffers<A> buf = take_deform_forward<A>(layout);
+  const detail::DeformConv2dArgs<T> a = deform_conv2d_args<T>(call);
+  widen_weight<T>(call, buf.weight, ctx);
+  const T* bias = s.has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
+  const std::int64_t bias_s = s.has_bias ? call.bias.strides[0] : 0;
+  T* out = static_cast<T*>(call.output.data);
+  const DeformStrides os = dc_strides(call.output);
+  const std::int64_t chunk = deform_chunk_images(s);
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
+    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * s.positions();
+    build_columns(a, n0, images, false, buf.col, ctx);
+    run_gemm(deform_forward_gemm(s, buf.weight, buf.col, buf.acc, Q), ctx);
+    for_each(s.Cout * Q, 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_output_element(t, buf.acc, Q, bias, bias_s, s, n0, out, os);
+    });
+  }
+}
+
+/// Every element of a strided 4-d tensor set to 0 (the zero body, plane by plane).
+template <class T>
+void zero_fill(const TensorView& v, const Context& ctx) {
+  if (!v.defined() || v.numel() == 0) return;
+  const DeformStrides st = dc_strides(v);
+  const std::int64_t C = v.sizes[1], H = v.sizes[2], W = v.sizes[3];
+  T* p = static_cast<T*>(v.data);
+  for_each(v.sizes[0] * C, 16, ctx, [&](std::int64_t nc) {
+    for (std::int64_t i = nc * H * W; i < (nc + 1) * H * W; ++i) detail::deform_conv2d_zero_element(i, p, st, C, H, W);
+  });
+}
+
+/// Atomic grad_input for the chunk: threads own planes (n, c); a plane takes its taps and
+/// positions in the scatter body's thread order, each add rounded to T.
+template <class T>
+void scatter_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images,
+                   const Context& ctx) {
+  const DeformConv2dShape& s = call.shape;
+  const std::int64_t P = s.positions(), taps = s.taps();
+  T* gi = static_cast<T*>(call.grads.grad_input.data);
+  const DeformStrides gs = dc_strides(call.grads.grad_input);
+  const auto add = [gi](std::int64_t offset, acc_t<T> v) { gi[offset] = from_acc<T>(to_acc(gi[offset]) + v); };
+  for_each(images * s.Cin, 1, ctx, [&](std::int64_t item) {
+    const std::int64_t c = item % s.Cin, b = item / s.Cin;
+    for (std::int64_t tap = 0; tap < taps; ++tap)
+      for (std::int64_t p = 0; p < P; ++p)
+        detail::deform_conv2d_scatter_element((c * taps + tap) * a.Q + b * P + p, a, gs, add);
+  });
+}
+
+template <class A>
+void add_exact(WorkspaceLayout& l, const DeformConv2dShape& s) {
+  const std::int64_t images = deform_chunk_images(s);
+  add_gather_cpu<A>(l, images * s.offset_groups * s.taps() * s.positions() * 4,
+                    images * s.offset_groups * s.H * s.W);
+}
+
+template <class A>
+WorkspaceLayout backward_layout(const DeformConv2dCall& call, BackwardMode mode) {
+  WorkspaceLayout l;
+  const DeformWants w = deform_wants(call);
+  add_deform_backward<A>(l, call.shape, w);
+  if (mode == BackwardMode::kExact && w.input) add_exact<A>(l, call.shape);
+  return l;
+}
+
+/// Exact grad_input for the chunk: phase 1 per (image, group, tap, position), the engine's sort
+/// and its fixed-order sums, one write per element.
+template <class T>
+void exact_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images,
+                 const GatherCpuBuffers<acc_t<T>>& g, const Context& ctx) {
+  using A = acc_t<T>;
+  const DeformConv2dShape& s = call.shape;
+  const int threads = ctx.resolved_threads();
+  const std::int64_t points = images * s.offset_groups * s.taps() * s.positions();
+  const auto sentinel = static_cast<std::uint64_t>(deform_chunk_images(s) * s.offset_groups * s.H * s.W);
+  for_each(points, 1024, ctx, [&](std::int64_t t) { detail::deform_conv2d_enumerate_element(t, a, sentinel, g.records); });
+  detail::GatherSorted<A> sorted{};
+  const std::int64_t runs = gather_sort_cpu(g, points * 4, sentinel, threads, sorted);
+  const DeformStrides gs = dc_strides(call.grads.grad_input);
+  const detail::GatherSumArgs<T, A, A> sa{sorted, a.grad_col, s.taps() * a.Q, static_cast<T*>(call.grads.grad_input.data),
+                                       gs.s1, s.offset_group_channels(), sentinel, detail::kGatherPartial};
+  gather_sum_cpu(sa, runs,
+                 detail::DeformConv2dTarget{a.n0, s.offset_groups, s.offset_group_channels(), s.H, s.W, gs}, threads);
+}
+
+template <class T>
+void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
+  using A = acc_t<T>;
+  const DeformConv2dShape& s = call.shape;
+  const DeformWants w = deform_wants(call);
+  WorkspaceLayout layout = backward_layout<A>(call, mode);
+  layout.bind(ws.data);
+  const DeformBackwardBuffers<A> buf = take_deform_backward<A>(layout);
+  GatherCpuBuffers<A> gather{};
+  if (mode == BackwardMode::kExact && w.input) gather = take_gather_cpu<A>(layout);
+
+  if (w.input) zero_fill<T>(call.grads.grad_input, ctx);
+  const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
+  widen_weight<T>(call, buf.weight, ctx);
+  const T* grad_output = static_cast<const T*>(call.grad_output.data);
+  const DeformStrides gos = dc_strides(call.grad_output);
+  T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;
+  T* grad_mask = w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
+  T* grad_bias = w.bias ? static_cast<T*>(call.grads.grad_bias.data) : nullptr;
+  const std::int64_t gbs = w.bias ? call.grads.grad_bias.strides[0] : 0;
+  if (w.bias) std::fill(buf.bias_acc, buf.bias_acc + s.Cout, A(0));
+  const std::int64_t chunk = deform_chunk_images(s), P = s.positions();
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
+    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * P;
+    const bool last = n0 + images >= s.N;
+    for_each(s.Cout * Q, 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_grad_output_element(t, grad_output, gos, s, n0, Q, buf.go);
+    });
+    if (w.bias)
+      for_each(s.Cout, 1, ctx, [&](std::int64_t t) {
+        detail::deform_conv2d_bias_element(t, buf.go, Q, buf.bias_acc, last, grad_bias, gbs);
+      });
+    if (w.weight) {
+      build_columns(f, n0, images, true, buf.col_t, ctx);
+      run_gemm(deform_grad_weight_gemm(s, buf.go, buf.col_t, buf.weight_acc, Q, n0 > 0), ctx);
+    }
+    if (!w.columns()) continue;
+    run_gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q), ctx);
+    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
+    if (w.offset || w.mask) {
+      const DeformStrides offs = dc_strides(call.grads.grad_offset), ms = dc_strides(call.grads.grad_mask);
+      for_each(images * s.offset_groups * s.taps() * P, 256, ctx, [&](std::int64_t t) {
+        detail::deform_conv2d_offset_element(t, a, grad_offset, offs, grad_mask, ms);
+      });
+    }
+    if (w.input) {
+      if (mode == BackwardMode::kExact) exact_input<T>(call, a, images, gather, ctx);
+      else scatter_input<T>(call, a, images, ctx);
+    }
+  }
+  if (w.weight) {
+    T* gw = static_cast<T*>(call.grads.grad_weight.data);
+    const DeformStrides gws = dc_strides(call.grads.grad_weight);
+    if (s.N == 0) std::fill(buf.weight_acc, buf.weight_acc + s.Cout * s.group_in() * s.taps(), A(0));
+    for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_store_weight_element(t, buf.weight_acc, s, gw, gws);
+    });
+  }
+  if (w.bias && s.N == 0)
+    for (std::int64_t o = 0; o < s.Cout; ++o) grad_bias[o * gbs] = from_acc<T>(A(0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points (the table kDeformConv2dCpu at the bottom)
+
+std::size_t forward_workspace(const DeformConv2dCall& call) {
+  return dispatch_floating(call.input.dtype, [&](auto tag) {
+    WorkspaceLayout l;
+    add_deform_forward<acc_t<decltype(tag)>>(l, call.shape);
+    return l.bytes();
+  });
+}
+
+void forward(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
+  dispatch_floating(call.input.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx, ws); });
+}
+
+std::size_t backward_workspace(const DeformConv2dCall& call, BackwardMode mode) {
+  return dispatch_floating(call.input.dtype,
+                           [&](auto tag) { return backward_layout<acc_t<decltype(tag)>>(call, mode).bytes(); });
+}
+
+void backward(const DeformConv2dCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
+  dispatch_floating(call.input.dtype, [&](auto tag) { backward_typed<decltype(tag)>(call, mode, ctx, ws); });
+}
+
+}  // namespace
+
+extern const DeformConv2dBackend kDeformConv2dCpu = {&forward_workspace, &forward, &backward_workspace, &backward};
+
+}  // namespace internal
+}  // namespace detops

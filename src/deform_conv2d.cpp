@@ -1,0 +1,263 @@
+// deform_conv2d entry points: validate every argument (before anything is allocated, launched or
+// written), then hand a DeformConv2dCall to the CPU or CUDA backend.
+#include "detops/deform_conv2d.h"
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "internal/backend.h"
+#include "internal/common.h"
+#include "internal/deform_conv2d_backend.h"
+#include "internal/scratch.h"
+#include "internal/validate.h"
+
+namespace detops {
+namespace {
+
+using internal::check_same_device;
+using internal::check_tensor;
+using internal::fail;
+using internal::sizes_str;
+constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+
+constexpr internal::OpBackends<internal::DeformConv2dBackend> kBackends{
+    &internal::kDeformConv2dCpu, DETOPS_CUDA_BACKEND(internal::kDeformConv2dCuda)};
+
+const internal::DeformConv2dBackend& backend(const internal::DeformConv2dCall& call) {
+  return internal::backend_for(kBackends, call.input.device, call.op);
+}
+
+void check_options(const char* op, const DeformConv2dOptions& o) {
+  if (o.stride_h <= 0 || o.stride_w <= 0)
+    fail(kBad, "{}: stride is ({}, {}); expected positive values", op, o.stride_h, o.stride_w);
+  if (o.dilation_h <= 0 || o.dilation_w <= 0)
+    fail(kBad, "{}: dilation is ({}, {}); expected positive values", op, o.dilation_h, o.dilation_w);
+  if (o.pad_h < 0 || o.pad_w < 0) fail(kBad, "{}: padding is ({}, {}); expected values >= 0", op, o.pad_h, o.pad_w);
+}
+
+/// A tensor of input's dtype and device.
+void check_dtype_device(const char* op, const char* name, const TensorView& v, const TensorView& input) {
+  if (v.dtype != input.dtype)
+    fail(kBad, "{}: {} has dtype {}; expected {} (the dtype of input)", op, name, dtype_name(v.dtype),
+         dtype_name(input.dtype));
+  check_same_device(op, name, v, "input", input);
+}
+
+/// input, weight, offset, mask and bias against one another; the shape (groups, offset groups and
+/// the output size inferred as torchvision infers them).
+detail::DeformConv2dShape check_arguments(const char* op, const TensorView& input, const TensorView& weight,
+                                          const TensorView& offset, const TensorView& mask, const TensorView& bias,
+                                          const DeformConv2dOptions& o) {
+  check_options(op, o);
+  check_tensor(op, "input", input, 4);
+  internal::check_floating(op, "input", input);
+  check_tensor(op, "weight", weight, 4);
+  check_dtype_device(op, "weight", weight, input);
+  check_tensor(op, "offset", offset, 4);
+  check_dtype_device(op, "offset", offset, input);
+  detail::DeformConv2dShape s{};
+  s.N = input.sizes[0];
+  s.Cin = input.sizes[1];
+  s.H = input.sizes[2];
+  s.W = input.sizes[3];
+  s.Cout = weight.sizes[0];
+  s.kh = weight.sizes[2];
+  s.kw = weight.sizes[3];
+  s.stride_h = o.stride_h;
+  s.stride_w = o.stride_w;
+  s.pad_h = o.pad_h;
+  s.pad_w = o.pad_w;
+  s.dilation_h = o.dilation_h;
+  s.dilation_w = o.dilation_w;
+  if (s.kh <= 0 || s.kw <= 0)
+    fail(kBad, "{}: weight has sizes {}; expected [Cout, Cin / groups, kh, kw] with kh > 0 and kw > 0", op,
+         sizes_str(weight));
+  // groups = Cin / weight.sizes[1]: a divisor of Cin and of Cout (Cin = 0 has no groups to infer:
+  // weight.sizes[1] must then be 0 too, and there is one).
+  const std::int64_t per_group = weight.sizes[1];
+  if (s.Cin == 0 ? per_group != 0 : (per_group <= 0 || s.Cin % per_group != 0))
+    fail(kBad, "{}: weight has sizes {}; expected [Cout, Cin / groups, kh, kw] with Cin / groups dividing Cin = {}",
+         op, sizes_str(weight), s.Cin);
+  s.groups = s.Cin == 0 ? 1 : s.Cin / per_group;
+  if (s.Cout % s.groups != 0)
+    fail(kBad, "{}: weight has sizes {}; expected Cout divisible by groups = {} (Cin / weight.sizes[1])", op,
+         sizes_str(weight), s.groups);
+  const std::int64_t eff_h = s.dilation_h * (s.kh - 1) + 1, eff_w = s.dilation_w * (s.kw - 1) + 1;
+  s.Ho = (s.H + 2 * s.pad_h - eff_h) / s.stride_h + 1;
+  s.Wo = (s.W + 2 * s.pad_w - eff_w) / s.stride_w + 1;
+  if (s.H + 2 * s.pad_h < eff_h || s.W + 2 * s.pad_w < eff_w || s.Ho <= 0 || s.Wo <= 0)
+    fail(kBad, "{}: input has sizes {}; with padding ({}, {}) it is smaller than the dilated kernel ({}, {}): no "
+         "output position", op, sizes_str(input), s.pad_h, s.pad_w, eff_h, eff_w);
+  const std::int64_t taps = s.kh * s.kw;
+  if (offset.sizes[0] != s.N || offset.sizes[2] != s.Ho || offset.sizes[3] != s.Wo || offset.sizes[1] <= 0 ||
+      offset.sizes[1] % (2 * taps) != 0)
+    fail(kBad, "{}: offset has sizes {}; expected [N, 2 * offset_groups * kh * kw, Ho, Wo] = [{}, 2 * og * {}, {}, "
+         "{}]", op, sizes_str(offset), s.N, taps, s.Ho, s.Wo);
+  s.offset_groups = offset.sizes[1] / (2 * taps);
+  if (s.Cin % s.offset_groups != 0)
+    fail(kBad, "{}: offset has {} channels, so {} offset groups; expected a divisor of Cin = {}", op, offset.sizes[1],
+         s.offset_groups, s.Cin);
+  s.has_mask = mask.defined();
+  if (s.has_mask) {
+    check_tensor(op, "mask", mask, 4);
+    check_dtype_device(op, "mask", mask, input);
+    if (mask.sizes[0] != s.N || mask.sizes[1] != s.offset_groups * taps || mask.sizes[2] != s.Ho ||
+        mask.sizes[3] != s.Wo)
+      fail(kBad, "{}: mask has sizes {}; expected [N, offset_groups * kh * kw, Ho, Wo] = [{}, {}, {}, {}]", op,
+           sizes_str(mask), s.N, s.offset_groups * taps, s.Ho, s.Wo);
+  }
+  s.has_bias = bias.defined();
+  if (s.has_bias) {
+    check_tensor(op, "bias", bias, 1);
+    check_dtype_device(op, "bias", bias, input);
+    if (bias.sizes[0] != s.Cout)
+      fail(kBad, "{}: bias has sizes {}; expected [Cout] = [{}]", op, sizes_str(bias), s.Cout);
+  }
+  return s;
+}
+
+/// A [N, Cout, Ho, Wo] tensor of input's dtype and device (output, grad_output).
+void check_result(const char* op, const char* name, const TensorView& v, const TensorView& input,
+                  const detail::DeformConv2dShape& s) {
+  check_tensor(op, name, v, 4);
+  if (v.sizes[0] != s.N || v.sizes[1] != s.Cout || v.sizes[2] != s.Ho || v.sizes[3] != s.Wo)
+    fail(kBad, "{}: {} has sizes {}; expected [N, Cout, Ho, Wo] = [{}, {}, {}, {}]", op, name, sizes_str(v), s.N,
+         s.Cout, s.Ho, s.Wo);
+  check_dtype_device(op, name, v, input);
+}
+
+internal::DeformConv2dCall validate_forward(const char* op, const TensorView& input, const TensorView& weight,
+                                            const TensorView& offset, const TensorView& mask, const TensorView& bias,
+                                            const TensorView& output, const DeformConv2dOptions& o) {
+  internal::DeformConv2dCall call{};
+  call.op = op;
+  call.shape = check_arguments(op, input, weight, offset, mask, bias, o);
+  check_result(op, "output", output, input, call.shape);
+  internal::check_outputs(op, {{"output", &output}});
+  internal::check_disjoint(op, {"output", &output},
+                           {{"input", &input}, {"weight", &weight}, {"offset", &offset}, {"mask", &mask},
+                            {"bias", &bias}});
+  call.input = input;
+  call.weight = weight;
+  call.offset = offset;
+  call.mask = mask;
+  call.bias = bias;
+  call.output = output;
+  return call;
+}
+
+internal::DeformConv2dCall validate_backward(const char* op, const TensorView& grad_output, const TensorView& input,
+                                             const TensorView& weight, const TensorView& offset,
+                                             const TensorView& mask, const DeformConv2dGrads& g,
+                                             const DeformConv2dOptions& o, const DeformConv2dBackwardOptions& b) {
+  if (b.mode == BackwardMode::kTruncated)
+    fail(kBad, "{}: backward mode truncated is not offered by deform_conv2d; expected atomic or exact (exact is "
+         "bitwise reproducible)", op);
+  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kExact)
+    fail(kBad, "{}: backward mode {} is unknown; expected atomic or exact", op, static_cast<int>(b.mode));
+  internal::DeformConv2dCall call{};
+  call.op = op;
+  call.shape = check_arguments(op, input, weight, offset, mask, TensorView{}, o);
+  check_result(op, "grad_output", grad_output, input, call.shape);
+  if (g.grad_input.defined()) internal::check_like(op, "grad_input", g.grad_input, "input", input);
+  if (g.grad_weight.defined()) internal::check_like(op, "grad_weight", g.grad_weight, "weight", weight);
+  if (g.grad_offset.defined()) internal::check_like(op, "grad_offset", g.grad_offset, "offset", offset);
+  if (g.grad_mask.defined()) {
+    if (!mask.defined()) fail(kBad, "{}: grad_mask is given but mask is not; expected no grad_mask without mask", op);
+    internal::check_like(op, "grad_mask", g.grad_mask, "mask", mask);
+  }
+  if (g.grad_bias.defined()) {
+    check_tensor(op, "grad_bias", g.grad_bias, 1);
+    if (g.grad_bias.sizes[0] != call.shape.Cout)
+      fail(kBad, "{}: grad_bias has sizes {}; expected [Cout] = [{}]", op, sizes_str(g.grad_bias), call.shape.Cout);
+    check_dtype_device(op, "grad_bias", g.grad_bias, input);
+  }
+  call.shape.has_bias = g.grad_bias.defined();
+  // The outputs are written while the inputs are read: no shared byte (not even an exact alias).
+  internal::check_outputs(op, {{"grad_input", &g.grad_input},
+                               {"grad_weight", &g.grad_weight},
+                               {"grad_offset", &g.grad_offset},
+                               {"grad_mask", &g.grad_mask},
+                               {"grad_bias", &g.grad_bias}});
+  for (const internal::NamedView out :
+       {internal::NamedView{"grad_input", &g.grad_input}, internal::NamedView{"grad_weight", &g.grad_weight},
+        internal::NamedView{"grad_offset", &g.grad_offset}, internal::NamedView{"grad_mask", &g.grad_mask},
+        internal::NamedView{"grad_bias", &g.grad_bias}})
+    internal::check_disjoint(op, out,
+                             {{"grad_output", &grad_output}, {"input", &input}, {"weight", &weight},
+                              {"offset", &offset}, {"mask", &mask}});
+  call.input = input;
+  call.weight = weight;
+  call.offset = offset;
+  call.mask = mask;
+  call.grad_output = grad_output;
+  call.grads = g;
+  return call;
+}
+
+std::size_t forward_bytes(const internal::DeformConv2dCall& call) {
+  if (call.output.numel() == 0) return 0;
+  return backend(call).forward_workspace(call);
+}
+
+std::size_t backward_bytes(const internal::DeformConv2dCall& call, BackwardMode mode) {
+  const internal::DeformWants w = internal::deform_wants(call);
+  if (!w.input && !w.weight && !w.offset && !w.mask && !w.bias) return 0;
+  return backend(call).backward_workspace(call, mode);
+}
+
+}  // namespace
+
+std::size_t deform_conv2d_forward_workspace_size(const TensorView& input, const TensorView& weight,
+                                                 const TensorView& offset, const TensorView& mask,
+                                                 const TensorView& bias, const TensorView& output,
+                                                 const DeformConv2dOptions& options, const Context& ctx) {
+  (void)ctx;  // the size depends on the shapes only
+  const internal::DeformConv2dCall call = validate_forward("deform_conv2d_forward_workspace_size", input, weight,
+                                                           offset, mask, bias, output, options);
+  return internal::workspace_size_with_slack(forward_bytes(call));
+}
+
+void deform_conv2d_forward(const TensorView& input, const TensorView& weight, const TensorView& offset,
+                           const TensorView& mask, const TensorView& bias, const TensorView& output,
+                           const DeformConv2dOptions& options, const Context& ctx, Workspace workspace) {
+  const internal::DeformConv2dCall call =
+      validate_forward("deform_conv2d_forward", input, weight, offset, mask, bias, output, options);
+  const std::size_t bytes = forward_bytes(call);
+  const internal::Scratch scratch(call.op, bytes, input.device, ctx, workspace,
+                                  {{"input", &input}, {"weight", &weight}, {"offset", &offset}, {"mask", &mask},
+                                   {"bias", &bias}, {"output", &output}},
+                                  "deform_conv2d_forward_workspace_size");
+  if (output.numel() == 0) return;
+  backend(call).forward(call, ctx, scratch.workspace(bytes));
+}
+
+std::size_t deform_conv2d_backward_workspace_size(const TensorView& grad_output, const TensorView& input,
+                                                  const TensorView& weight, const TensorView& offset,
+                                                  const TensorView& mask, const DeformConv2dGrads& grads,
+                                                  const DeformConv2dOptions& options,
+                                                  const DeformConv2dBackwardOptions& backward, const Context& ctx) {
+  (void)ctx;
+  const internal::DeformConv2dCall call = validate_backward("deform_conv2d_backward_workspace_size", grad_output,
+                                                            input, weight, offset, mask, grads, options, backward);
+  return internal::workspace_size_with_slack(backward_bytes(call, backward.mode));
+}
+
+void deform_conv2d_backward(const TensorView& grad_output, const TensorView& input, const TensorView& weight,
+                            const TensorView& offset, const TensorView& mask, const DeformConv2dGrads& grads,
+                            const DeformConv2dOptions& options, const DeformConv2dBackwardOptions& backward,
+                            const Context& ctx, Workspace workspace) {
+  const internal::DeformConv2dCall call = validate_backward("deform_conv2d_backward", grad_output, input, weight,
+                                                            offset, mask, grads, options, backward);
+  const std::size_t bytes = backward_bytes(call, backward.mode);
+  const internal::Scratch scratch(
+      call.op, bytes, input.device, ctx, workspace,
+      {{"grad_output", &grad_output}, {"input", &input}, {"weight", &weight}, {"offset", &offset}, {"mask", &mask},
+       {"grad_input", &grads.grad_input}, {"grad_weight", &grads.grad_weight}, {"grad_offset", &grads.grad_offset},
+       {"grad_mask", &grads.grad_mask}, {"grad_bias", &grads.grad_bias}},
+      "deform_conv2d_backward_workspace_size");
+  if (bytes == 0 && !internal::deform_wants(call).bias) return;
+  backend(call).backward(call, backward.mode, ctx, scratch.workspace(bytes));
+}
+
+}  // namespace detops
