@@ -233,6 +233,7 @@ set(DETOPS_TORCH_PACKAGE_DIR "${PROJECT_BINARY_DIR}/python/detops_torch")
 add_library(detops_torch SHARED
   bindings/torch/csrc/registration.cpp
   bindings/torch/csrc/roi_align.cpp
+  bindings/torch/csrc/roi_align_rotated.cpp
   bindings/torch/csrc/grid_sample.cpp
   bindings/torch/csrc/ms_deform_attn.cpp
   bindings/torch/csrc/frozen_batch_norm.cpp

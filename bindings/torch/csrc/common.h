@@ -10,10 +10,12 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "detops/detops.h"
 #include "detops/torch.h"
@@ -49,6 +51,13 @@ inline BackwardMode parse_exact_or_atomic(const char* op, string_view s) {
   if (s == "exact") return BackwardMode::kExact;
   if (s == "atomic") return BackwardMode::kAtomic;
   bad_mode(op, "mode", s, "'exact', 'atomic'");
+}
+
+/// The unit of RoIAlignRotated's angle column: detectron2's degrees or mmcv's radians.
+inline AngleUnit parse_angle_unit(const char* op, string_view s) {
+  if (s == "degrees") return AngleUnit::kDegrees;
+  if (s == "radians") return AngleUnit::kRadians;
+  bad_mode(op, "angle_unit", s, "'degrees', 'radians'");
 }
 
 inline GridSampleInterpolation parse_interpolation(const char* op, string_view s) {
@@ -114,6 +123,32 @@ inline at::Tensor value_or_undefined(const optional<at::Tensor>& t) { return t.h
 /// Memory format of a 4-d tensor's layout as torch reports it (channels_last stays channels_last).
 inline at::MemoryFormat format_of(const at::Tensor& t) {
   return t.dim() == 4 ? t.suggest_memory_format() : at::MemoryFormat::Contiguous;
+}
+
+// The RoI ops' (roi_align, roi_align_rotated) output sizes [K, C, PH, PW] from the inputs. Ranks
+// are checked here (torch would fail on size(1) first); a negative pooled size is clamped so that
+// the allocation succeeds and detops reports it. rois_shape: "[K, 5]" or "[K, 6]".
+inline std::vector<int64_t> roi_output_sizes(const char* op, const at::Tensor& input, const at::Tensor& rois,
+                                             int64_t pooled_height, int64_t pooled_width, const char* rois_shape) {
+  require_dim(op, "input", input, 4, "[N, C, H, W]");
+  require_dim(op, "rois", rois, 2, rois_shape);
+  return {rois.size(0), input.size(1), std::max<int64_t>(pooled_height, 0), std::max<int64_t>(pooled_width, 0)};
+}
+
+// Their backward's grad_input [N, C, H, W] (sizes checked, as the forward's input had them).
+inline at::Tensor roi_grad_input_like(const char* op, const at::Tensor& grad, int64_t batch_size, int64_t channels,
+                                      int64_t height, int64_t width, bool channels_last) {
+  require_dim(op, "grad", grad, 4, "[K, C, PH, PW]");
+  for (int64_t s : {batch_size, channels, height, width}) {
+    if (s < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(op) + ": input sizes [" + std::to_string(batch_size) + ", " + std::to_string(channels) +
+                      ", " + std::to_string(height) + ", " + std::to_string(width) + "] have a negative size");
+    }
+  }
+  return at::empty({batch_size, channels, height, width},
+                   grad.options().memory_format(channels_last ? at::MemoryFormat::ChannelsLast
+                                                              : at::MemoryFormat::Contiguous));
 }
 
 }  // namespace torch_ops

@@ -1,6 +1,6 @@
 // The schemas of torch.ops.detops.*: the one TORCH_LIBRARY(detops) block. Kernels are registered
-// per dispatch key next to their code (roi_align.cpp, grid_sample.cpp, ms_deform_attn.cpp,
-// frozen_batch_norm.cpp, sync_batch_norm.cpp).
+// per dispatch key next to their code (roi_align.cpp, roi_align_rotated.cpp, grid_sample.cpp,
+// ms_deform_attn.cpp, frozen_batch_norm.cpp, sync_batch_norm.cpp).
 //
 // Written to parse on torch 1.13 and 2.x alike: plain `int` sizes (not SymInt), defaults only on
 // trailing arguments, so torchvision-style positional calls work unchanged.
@@ -38,6 +38,17 @@ TORCH_LIBRARY(detops, m) {
         "int pooled_height, int pooled_width, int batch_size, int channels, int height, int width, "
         "int sampling_ratio, bool aligned, str backward_mode=\"exact\", str truncation=\"float16\", "
         "bool channels_last=False) -> Tensor");
+
+  // RoIAlignRotated: detectron2's positional order (its roi_align_rotated_forward/_backward
+  // schemas), then mmcv's options (aligned, clockwise; angle_unit "radians" for its angles) and
+  // detops' modes. Rois [K, 6]: (batch_index, cx, cy, w, h, angle).
+  m.def("roi_align_rotated(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned=True, bool clockwise=False, str angle_unit=\"degrees\", "
+        "str backward_mode=\"exact\", str truncation=\"float16\") -> Tensor");
+  m.def("_roi_align_rotated_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, "
+        "bool aligned=True, bool clockwise=False, str angle_unit=\"degrees\", str backward_mode=\"exact\", "
+        "str truncation=\"float16\", bool channels_last=False) -> Tensor");
 
   // grid_sample, 2-d: torch.nn.functional.grid_sample's options (its `mode` is `interpolation`
   // here), then detops' backward mode, "exact" or "atomic". The backward op computes the gradients

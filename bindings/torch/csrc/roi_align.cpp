@@ -24,30 +24,6 @@ RoiAlignOptions make_options(double spatial_scale, int64_t pooled_height, int64_
   return o;
 }
 
-// Output sizes from the inputs. Ranks are checked here (torch would fail on size(1) first); a
-// negative pooled size is clamped so that the allocation succeeds and detops reports it.
-std::vector<int64_t> output_sizes(const char* op, const at::Tensor& input, const at::Tensor& rois,
-                                  int64_t pooled_height, int64_t pooled_width) {
-  require_dim(op, "input", input, 4, "[N, C, H, W]");
-  require_dim(op, "rois", rois, 2, "[K, 5]");
-  return {rois.size(0), input.size(1), std::max<int64_t>(pooled_height, 0), std::max<int64_t>(pooled_width, 0)};
-}
-
-at::Tensor grad_input_like(const char* op, const at::Tensor& grad, int64_t batch_size, int64_t channels,
-                           int64_t height, int64_t width, bool channels_last) {
-  require_dim(op, "grad", grad, 4, "[K, C, PH, PW]");
-  for (int64_t s : {batch_size, channels, height, width}) {
-    if (s < 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string(op) + ": input sizes [" + std::to_string(batch_size) + ", " + std::to_string(channels) +
-                      ", " + std::to_string(height) + ", " + std::to_string(width) + "] have a negative size");
-    }
-  }
-  return at::empty({batch_size, channels, height, width},
-                   grad.options().memory_format(channels_last ? at::MemoryFormat::ChannelsLast
-                                                              : at::MemoryFormat::Contiguous));
-}
-
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
@@ -57,7 +33,7 @@ at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, dou
     parse_backward_mode(kForward, backward_mode);
     parse_truncation(kForward, truncation);
     c10::DeviceGuard guard(input.device());
-    at::Tensor output = at::empty(output_sizes(kForward, input, rois, pooled_height, pooled_width), input.options());
+    at::Tensor output = at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"), input.options());
     roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
                       detops::torch::view(output, "output"),
                       make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, PoolMode::kAvg),
@@ -75,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> roi_align_max_kernel(const at::Tensor& input,
     parse_backward_mode(op, backward_mode);
     parse_truncation(op, truncation);
     c10::DeviceGuard guard(input.device());
-    const auto sizes = output_sizes(op, input, rois, pooled_height, pooled_width);
+    const auto sizes = roi_output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]");
     at::Tensor output = at::empty(sizes, input.options());
     at::Tensor argmax = at::empty(sizes, input.options().dtype(at::kInt));
     roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
@@ -99,7 +75,7 @@ at::Tensor backward_common(const char* op, const at::Tensor& grad, const at::Ten
       // Atomics on the GPU: the one mode whose bits change from run to run there.
       at::globalContext().alertNotDeterministic("detops::roi_align backward with backward_mode='atomic' on CUDA");
     }
-    at::Tensor grad_input = grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
+    at::Tensor grad_input = roi_grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
     // Workspace (exact mode) comes from torch's allocator through the context.
     roi_align_backward(detops::torch::view(grad, "grad"), detops::torch::view(rois, "rois"),
                        detops::torch::view(grad_input, "grad_input"),
@@ -137,7 +113,7 @@ at::Tensor roi_align_meta(const at::Tensor& input, const at::Tensor& rois, doubl
     require_meta(kForward, {{"input", &input}, {"rois", &rois}});
     parse_backward_mode(kForward, backward_mode);
     parse_truncation(kForward, truncation);
-    return at::empty(output_sizes(kForward, input, rois, pooled_height, pooled_width), input.options());
+    return at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"), input.options());
   });
 }
 
@@ -149,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor> roi_align_max_meta(const at::Tensor& input, c
     require_meta(op, {{"input", &input}, {"rois", &rois}});
     parse_backward_mode(op, backward_mode);
     parse_truncation(op, truncation);
-    const auto sizes = output_sizes(op, input, rois, pooled_height, pooled_width);
+    const auto sizes = roi_output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]");
     return std::make_tuple(at::empty(sizes, input.options()), at::empty(sizes, input.options().dtype(at::kInt)));
   });
 }
@@ -161,7 +137,7 @@ at::Tensor roi_align_backward_meta(const at::Tensor& grad, const at::Tensor& roi
     require_meta(kBackward, {{"grad", &grad}, {"rois", &rois}});
     parse_backward_mode(kBackward, backward_mode);
     parse_truncation(kBackward, truncation);
-    return grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
+    return roi_grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
   });
 }
 
@@ -174,7 +150,7 @@ at::Tensor roi_align_max_backward_meta(const at::Tensor& grad, const at::Tensor&
     require_meta(op, {{"grad", &grad}, {"rois", &rois}, {"argmax", &argmax}});
     parse_backward_mode(op, backward_mode);
     parse_truncation(op, truncation);
-    return grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
+    return roi_grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
   });
 }
 

@@ -1,4 +1,4 @@
-# detops_torch: detops' deterministic detection ops (RoIAlign, grid_sample, multi-scale deformable attention, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
+# detops_torch: detops' deterministic detection ops (RoIAlign, RoIAlignRotated, grid_sample, multi-scale deformable attention, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
 """detops for PyTorch.
 
 ``import detops_torch`` registers ``torch.ops.detops.*`` (CPU, CUDA and Meta kernels with C++
@@ -8,6 +8,7 @@ autograd) and provides torchvision-, detectron2- and mmcv-compatible modules ove
     pooled = detops_torch.roi_align(features, [boxes], output_size=7, spatial_scale=0.25,
                                     sampling_ratio=2, aligned=True)      # backward_mode="exact"
     model = detops_torch.convert(torchvision_model)   # swap RoIAlign / MultiScaleRoIAlign / FrozenBN
+    rotated = detops_torch.ROIAlignRotated(7, 0.25, 2)  # detectron2's (RoIAlignRotated: mmcv's)
     sampled = detops_torch.grid_sample(x, grid, align_corners=False)   # torch's signature
     attn = detops_torch.MultiScaleDeformableAttention(256, 8, 4, 4)    # mmcv's module (MSDeformAttn:
                                                                        # Deformable-DETR's)
@@ -67,19 +68,22 @@ from . import functional  # noqa: E402
 from . import nn  # noqa: E402
 from . import distributed  # noqa: E402
 from . import compat  # noqa: E402
-from .functional import grid_sample, ms_deform_attn, point_sample, roi_align  # noqa: E402
+from .functional import grid_sample, ms_deform_attn, point_sample, roi_align, roi_align_rotated  # noqa: E402
 from .nn import (FrozenBatchNorm2d, MSDeformAttn, MultiScaleDeformableAttention, MultiScaleRoIAlign,  # noqa: E402
-                 RoIAlign, convert_frozen_batchnorm)
+                 RoIAlign, RoIAlignRotated, ROIAlignRotated, convert_frozen_batchnorm)
 from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
 from .convert import convert  # noqa: E402
 
 __all__ = [
     "roi_align",
+    "roi_align_rotated",
     "grid_sample",
     "point_sample",
     "ms_deform_attn",
     "RoIAlign",
     "MultiScaleRoIAlign",
+    "ROIAlignRotated",
+    "RoIAlignRotated",
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
     "FrozenBatchNorm2d",

@@ -12,8 +12,6 @@
 Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them nameable from
 mmdetection configs (``roi_layer=dict(type='DetopsRoIAlign', ...)``, ``norm_cfg=dict(type='DetopsSyncBN')``).
 """
-import functools
-import warnings
 from typing import Dict
 
 import torch
@@ -22,6 +20,7 @@ from torch.nn.modules.utils import _pair
 
 from . import nn as _dnn
 from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
+from .nn import _renamed_kwargs
 
 __all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
 
@@ -71,27 +70,6 @@ class FrozenBatchNorm2d(_dnn.FrozenBatchNorm2d):
 
     def __repr__(self) -> str:
         return f"FrozenBatchNorm2d(num_features={self.num_features}, eps={self.eps})"
-
-
-def _renamed_kwargs(mapping: Dict[str, str], cls_name: str):
-    """Accepts mmcv's deprecated argument names (out_size, sample_num) with a warning, as mmcv's
-    ``deprecated_api_warning`` does; the signature stays the new one."""
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            for old, new in mapping.items():
-                if old in kwargs:
-                    warnings.warn(f'"{old}" is deprecated in `{cls_name}`, please use "{new}" instead',
-                                  DeprecationWarning, stacklevel=2)
-                    if new in kwargs:
-                        raise TypeError(f"{cls_name}: both {old!r} (deprecated) and {new!r} were given")
-                    kwargs[new] = kwargs.pop(old)
-            return fn(*args, **kwargs)
-
-        return wrapper
-
-    return decorate
 
 
 class RoIAlign(nn.Module):

@@ -1,9 +1,13 @@
-# Functional entry points of detops_torch: torchvision-compatible roi_align, grid_sample (torch's) and point_sample (detectron2's), ms_deform_attn (Deformable-DETR's / mmcv's), FrozenBatchNorm2d's fold/apply over torch.ops.detops.
+# Functional entry points of detops_torch: torchvision-compatible roi_align, roi_align_rotated (detectron2's / mmcv's), grid_sample (torch's) and point_sample (detectron2's), ms_deform_attn (Deformable-DETR's / mmcv's), FrozenBatchNorm2d's fold/apply over torch.ops.detops.
 """Functional forms of the detops ops.
 
 ``roi_align`` has ``torchvision.ops.roi_align``'s signature (boxes as a ``[K, 5]`` tensor or a list
 of per-image ``[L, 4]`` tensors) plus keyword-only options: the backward mode, the truncation
 format of the truncated mode and the pooling mode (``"max"`` is mmcv's max pooling).
+``roi_align_rotated`` pools rotated boxes ``(batch_index, cx, cy, w, h, angle)`` with detectron2's
+``ROIAlignRotated`` semantics (degrees, counter-clockwise) or, through ``angle_unit="radians"``,
+``aligned`` and ``clockwise``, mmcv's ``roi_align_rotated``; same keyword-only options as
+``roi_align`` (no max pooling: neither anchor has it).
 
 ``grid_sample`` has ``torch.nn.functional.grid_sample``'s signature (4-d input; bilinear and
 nearest) plus the keyword-only ``backward_mode``; ``point_sample`` is detectron2's (and
@@ -25,11 +29,13 @@ __all__ = [
     "BACKWARD_MODES",
     "TRUNCATIONS",
     "POOL_MODES",
+    "ANGLE_UNITS",
     "EPILOGUES",
     "GATHER_BACKWARD_MODES",
     "GRID_SAMPLE_MODES",
     "GRID_SAMPLE_PADDING_MODES",
     "roi_align",
+    "roi_align_rotated",
     "boxes_to_rois",
     "grid_sample",
     "point_sample",
@@ -43,6 +49,8 @@ __all__ = [
 BACKWARD_MODES = ("exact", "truncated", "atomic")
 TRUNCATIONS = ("float16", "bfloat16")
 POOL_MODES = ("avg", "max")
+# roi_align_rotated's angle column: detectron2's degrees, mmcv's radians.
+ANGLE_UNITS = ("degrees", "radians")
 EPILOGUES = ("none", "relu", "add_relu")
 # grid_sample and ms_deform_attn have no truncated mode.
 GATHER_BACKWARD_MODES = ("exact", "atomic")
@@ -173,6 +181,73 @@ def roi_align(
     """
     return _roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned, backward_mode, truncation,
                       pool_mode)
+
+
+@torch.fx.wrap
+def _roi_align_rotated(
+    input: Tensor,
+    rois: Tensor,
+    output_size: BroadcastingList2[int],
+    spatial_scale: float,
+    sampling_ratio: int,
+    aligned: bool,
+    clockwise: bool,
+    angle_unit: str,
+    backward_mode: str,
+    truncation: str,
+) -> Tensor:
+    # All-positional form of roi_align_rotated, for the modules (TorchScript 1.13 rejects
+    # keyword-only arguments with defaults). The op validates the strings.
+    size = _pair(output_size)
+    return torch.ops.detops.roi_align_rotated(
+        input, rois, spatial_scale, size[0], size[1], sampling_ratio, aligned, clockwise, angle_unit, backward_mode,
+        truncation
+    )
+
+
+@torch.fx.wrap
+def roi_align_rotated(
+    input: Tensor,
+    rois: Tensor,
+    output_size: BroadcastingList2[int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = True,
+    clockwise: bool = False,
+    angle_unit: str = "degrees",
+    *,
+    backward_mode: str = "exact",
+    truncation: str = "float16",
+) -> Tensor:
+    """RoIAlign over rotated boxes, as detectron2's ``ROIAlignRotated`` (the defaults) or mmcv's
+    ``roi_align_rotated`` (``angle_unit="radians"``), computed by detops.
+
+    Args:
+        input: ``[N, C, H, W]`` float32, float64, float16 or bfloat16 (NCHW or channels_last).
+        rois: ``[K, 6]`` rows ``(batch_index, cx, cy, w, h, angle)`` in input-image coordinates;
+            float32/float64, or the input's dtype.
+        output_size: ``int`` or ``(height, width)`` of the pooled output.
+        spatial_scale: factor from image to feature-map coordinates.
+        sampling_ratio: samples per bin and axis; ``<= 0``: adaptive, ``ceil(box side / output side)``.
+        aligned: half-pixel offset (detectron2 always; mmcv's default). False: mmcv's legacy mode
+            (no offset, boxes at least 1x1). With True a negative width or height is an error.
+        clockwise: the angle turns clockwise (mmcv's option); default counter-clockwise.
+        angle_unit: ``"degrees"`` (detectron2) or ``"radians"`` (mmcv).
+        backward_mode: ``"exact"`` (bitwise reproducible, the default), ``"truncated"`` or
+            ``"atomic"`` (the anchors' scatter; not reproducible on GPUs, where it raises torch's
+            nondeterminism alert).
+        truncation: ``"float16"`` or ``"bfloat16"``, the rounding of the truncated mode.
+
+    Returns:
+        ``[K, C, output_size[0], output_size[1]]`` in the input's dtype (16-bit inputs run natively,
+        computed in float32 and rounded once). Gradients flow to ``input`` only.
+
+    TorchScript does not compile keyword-only arguments; scripted code uses the modules
+    (:class:`detops_torch.ROIAlignRotated`, :class:`detops_torch.RoIAlignRotated`) or
+    ``torch.ops.detops.roi_align_rotated``.
+    """
+    return _roi_align_rotated(input, rois, output_size, spatial_scale, sampling_ratio, aligned, clockwise, angle_unit,
+                              backward_mode, truncation)
 
 
 def frozen_batch_norm_fold(

@@ -1,5 +1,5 @@
-# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d; mmcv's MultiScaleDeformableAttention and Deformable-DETR's MSDeformAttn.
-"""Modules with torchvision's constructor signatures and defaults, computed by detops.
+# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d; detectron2's ROIAlignRotated and mmcv's RoIAlignRotated; mmcv's MultiScaleDeformableAttention and Deformable-DETR's MSDeformAttn.
+"""Modules with the anchors' constructor signatures and defaults, computed by detops.
 
 * ``RoIAlign(output_size, spatial_scale, sampling_ratio, aligned=False)``
 * ``MultiScaleRoIAlign(featmap_names, output_size, sampling_ratio, *, canonical_scale=224,
@@ -8,16 +8,24 @@
   detectron2's FrozenBatchNorm2d (either checkpoint loads unchanged)
 * ``convert_frozen_batchnorm(module)``: BatchNorm2d / SyncBatchNorm -> FrozenBatchNorm2d, as
   detectron2's classmethod of that name.
+* ``ROIAlignRotated(output_size, spatial_scale, sampling_ratio)``: detectron2's
+  (``detectron2.layers``): rois ``[K, 6]`` ``(batch_index, cx, cy, w, h, angle)``, angles in
+  degrees counter-clockwise, always aligned
+* ``RoIAlignRotated(output_size, spatial_scale, sampling_ratio=0, aligned=True, clockwise=False)``:
+  mmcv's (``mmcv.ops``, used by mmrotate): the same rois with angles in radians; mmcv's deprecated
+  ``out_size`` and ``sample_num`` are accepted with a warning
 * ``MultiScaleDeformableAttention(embed_dims=256, num_heads=8, num_levels=4, num_points=4,
   im2col_step=64, dropout=0.1, batch_first=False, norm_cfg=None, init_cfg=None,
   value_proj_ratio=1.0)``: mmcv's (its parameters, initialisation and residual forward)
 * ``MSDeformAttn(d_model=256, n_levels=4, n_heads=8, n_points=4)``: Deformable-DETR's (no
   residual); the two share their state-dict keys, so a checkpoint of either loads into the other.
 
-Every RoI module also takes the keyword-only ``backward_mode`` (default ``"exact"``) and
-``truncation``; the attention modules take the keyword-only ``mode`` (``"exact"`` or ``"atomic"``).
+Every RoI module (rotated or not) also takes the keyword-only ``backward_mode`` (default
+``"exact"``) and ``truncation``; the attention modules take the keyword-only ``mode`` (``"exact"``
+or ``"atomic"``).
 """
 import copy
+import functools
 import math
 import warnings
 from typing import Dict, List, Optional, Tuple, Union
@@ -25,15 +33,18 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 import torch.fx
 from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
 
-from .functional import (GATHER_BACKWARD_MODES, _roi_align, boxes_to_rois, check_choice, check_roi_options,
-                         ms_deform_attn)
+from .functional import (GATHER_BACKWARD_MODES, _roi_align, _roi_align_rotated, boxes_to_rois, check_choice,
+                         check_roi_options, ms_deform_attn)
 
 __all__ = [
     "RoIAlign",
     "MultiScaleRoIAlign",
     "FrozenBatchNorm2d",
     "convert_frozen_batchnorm",
+    "ROIAlignRotated",
+    "RoIAlignRotated",
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
 ]
@@ -337,6 +348,104 @@ def convert_frozen_batchnorm(module: nn.Module, cls=None) -> nn.Module:
         if new_child is not child:
             module.add_module(name, new_child)
     return module
+
+
+def _renamed_kwargs(mapping: Dict[str, str], cls_name: str):
+    """Accepts mmcv's deprecated argument names (out_size, sample_num) with a warning, as mmcv's
+    ``deprecated_api_warning`` does; the signature stays the new one."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for old, new in mapping.items():
+                if old in kwargs:
+                    warnings.warn(f'"{old}" is deprecated in `{cls_name}`, please use "{new}" instead',
+                                  DeprecationWarning, stacklevel=2)
+                    if new in kwargs:
+                        raise TypeError(f"{cls_name}: both {old!r} (deprecated) and {new!r} were given")
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _check_rotated_rois(owner: str, rois: Tensor) -> None:
+    # Both anchors assert this shape in Python; here it is a ValueError naming the columns.
+    if rois.dim() != 2 or rois.size(1) != 6:
+        raise ValueError(f"{owner}: rois has sizes {list(rois.shape)}; expected [K, 6] rows "
+                         "(batch_index, cx, cy, w, h, angle)")
+
+
+class ROIAlignRotated(nn.Module):
+    """detectron2's ``ROIAlignRotated`` (``detectron2.layers``), computed by detops.
+
+    rois ``[K, 6]``: ``(batch_index, x_ctr, y_ctr, width, height, angle_degrees)``, the angle
+    counter-clockwise; the half-pixel offset is always applied (detectron2 has no ``aligned``
+    option) and a negative width or height is an error. Unlike detectron2, float16 (and bfloat16)
+    inputs are not cast to float32 and back: they run natively (computed in float32, rounded once)
+    with rois in float32, float64 or the input's dtype. No parameters or buffers (an empty state
+    dict, as detectron2's).
+    """
+
+    def __init__(self, output_size, spatial_scale, sampling_ratio, *, backward_mode: str = "exact",
+                 truncation: str = "float16"):
+        super().__init__()
+        check_roi_options(type(self).__name__, backward_mode, truncation)
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        """input: NCHW (or channels_last) features; rois: ``[K, 6]`` (batch index, cx, cy, w, h, angle)."""
+        _check_rotated_rois("ROIAlignRotated", rois)
+        return _roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, True, False,
+                                  "degrees", self.backward_mode, self.truncation)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio})"
+        )
+
+
+class RoIAlignRotated(nn.Module):
+    """mmcv's ``RoIAlignRotated`` (``mmcv.ops``; mmrotate's RoI layer), computed by detops.
+
+    rois ``[K, 6]``: ``(batch_index, cx, cy, w, h, angle)`` with the angle in radians,
+    counter-clockwise unless ``clockwise``. ``aligned=False`` is mmcv's legacy mode (no half-pixel
+    offset, boxes at least 1x1). ``sampling_ratio=0`` is adaptive. mmcv's deprecated argument names
+    ``out_size`` and ``sample_num`` are accepted with a DeprecationWarning, as mmcv does. No
+    parameters or buffers (an empty state dict, as mmcv's).
+    """
+
+    @_renamed_kwargs({"out_size": "output_size", "sample_num": "sampling_ratio"}, "RoIAlignRotated")
+    def __init__(self, output_size, spatial_scale, sampling_ratio=0, aligned=True, clockwise=False, *,
+                 backward_mode: str = "exact", truncation: str = "float16"):
+        super().__init__()
+        check_roi_options(type(self).__name__, backward_mode, truncation)
+        self.output_size = _pair(output_size)
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = int(sampling_ratio)
+        self.aligned = aligned
+        self.clockwise = clockwise
+        self.backward_mode = backward_mode
+        self.truncation = truncation
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        """input: NCHW (or channels_last) features; rois: ``[K, 6]`` (batch index, cx, cy, w, h, angle)."""
+        _check_rotated_rois("RoIAlignRotated", rois)
+        return _roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
+                                  self.aligned, self.clockwise, "radians", self.backward_mode, self.truncation)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})"
+        )
 
 
 class _DeformableAttention(nn.Module):

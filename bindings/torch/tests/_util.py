@@ -28,6 +28,18 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
+def assert_raises_untouched(test, pattern: str, fn, *tensors: torch.Tensor, check_grad: bool = False) -> None:
+    """``fn()`` raises ValueError matching ``pattern`` and leaves every tensor's bytes (and, with
+    ``check_grad``, its missing ``.grad``) as they were: a failed call writes nothing."""
+    before = [tensor_bytes(t) for t in tensors]
+    with test.assertRaisesRegex(ValueError, pattern):
+        fn()
+    for t, b in zip(tensors, before):
+        test.assertEqual(tensor_bytes(t), b, "a failed call must leave its arguments untouched")
+        if check_grad:
+            test.assertIsNone(t.grad)
+
+
 def tensor_hash(*tensors: Optional[torch.Tensor]) -> str:
     """sha256 over the dtype, sizes and bytes of each tensor (None hashes as a marker)."""
     h = hashlib.sha256()

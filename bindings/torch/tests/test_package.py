@@ -11,15 +11,16 @@ import torch
 
 import detops_torch
 
-OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "grid_sample",
-       "_grid_sample_backward", "ms_deform_attn", "_ms_deform_attn_backward", "frozen_batch_norm_fold",
+OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "roi_align_rotated",
+       "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn", "_ms_deform_attn_backward", "frozen_batch_norm_fold",
        "frozen_batch_norm", "_frozen_batch_norm_backward", "sync_batch_norm_record_words",
        "sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
        "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
        "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply"]
-EXPORTS = ["roi_align", "grid_sample", "point_sample", "ms_deform_attn", "RoIAlign", "MultiScaleRoIAlign",
-           "MultiScaleDeformableAttention", "MSDeformAttn", "FrozenBatchNorm2d", "convert_frozen_batchnorm",
-           "SyncBatchNorm", "convert_sync_batchnorm", "convert", "__version__", "compat"]
+EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "RoIAlign",
+           "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention", "MSDeformAttn",
+           "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",
+           "__version__", "compat"]
 
 
 def _schema(name):
