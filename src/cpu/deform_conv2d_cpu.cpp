@@ -77,13 +77,15 @@ void build_columns(const detail::DeformConv2dArgs<T>& a, std::int64_t n0, std::i
         coords[i] = detail::deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);
         corners[i] = detail::deform_corners(coords[i].y, coords[i].x, s.H, s.W);
       }
-      for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c) {
-        const std::int64_t r = c * taps + tap, q0 = b * P + p0;
-        for (std::int64_t i = 0; i < len; ++i) {
-          const A v = detail::deform_sample(a, coords[i], corners[i], n, c);
-          if (transposed) col[(q0 + i) * R + r] = v;
-          else col[r * Q + q0 + i] = v;
-        }
+      const std::int64_t q0 = b * P + p0;
+      if (transposed) {  // [Q, R]: a point's channels are neighbours (stride taps)
+        for (std::int64_t i = 0; i < len; ++i)
+          for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c)
+            col[(q0 + i) * R + c * taps + tap] = detail::deform_sample(a, coords[i], corners[i], n, c);
+      } else {  // [R, Q]: a channel's points are neighbours
+        for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c)
+          for (std::int64_t i = 0; i < len; ++i)
+            col[(c * taps + tap) * Q + q0 + i] = detail::deform_sample(a, coords[i], corners[i], n, c);
       }
     }
   });
@@ -186,8 +188,11 @@ void exact_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwar
   const DeformStrides gs = dc_strides(call.grads.grad_input);
   const detail::GatherSumArgs<T, A, A> sa{sorted, a.grad_col, s.taps() * a.Q, static_cast<T*>(call.grads.grad_input.data),
                                        gs.s1, s.offset_group_channels(), sentinel, detail::kGatherPartial};
+  // channels outermost: a channel's grad_columns rows (taps * Q values) stay in cache while every
+  // run reads them; run-outer order would fetch them again for each run
   gather_sum_cpu(sa, runs,
-                 detail::DeformConv2dTarget{a.n0, s.offset_groups, s.offset_group_channels(), s.H, s.W, gs}, threads);
+                 detail::DeformConv2dTarget{a.n0, s.offset_groups, s.offset_group_channels(), s.H, s.W, gs}, threads,
+                 detail::GatherAllActive{}, /*channels_outer=*/true);
 }
 
 template <class T>

@@ -125,10 +125,24 @@ std::int64_t gather_sort_cpu(const GatherCpuBuffers<A>& b, std::int64_t n, std::
 /// Parallel over runs (each writes its own destination); with channels contiguous on both sides
 /// the sums of a run advance together over the channels (the same additions per channel, in the
 /// same order, so the same bits as one channel at a time).
+/// `channels_outer`: threads take channels, each walks every run for its channel (for an upstream
+/// whose channel planes are large: one stays in cache for all the runs); the same sums.
 template <class T, class A, class U, class Target, class Active = detail::GatherAllActive>
 void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, const Target& target, int threads,
-                    const Active& active = Active{}) {
+                    const Active& active = Active{}, bool channels_outer = false) {
   if (runs <= 0 || a.C <= 0) return;
+  if (channels_outer) {
+    parallel_for(a.C, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t c = lo; c < hi; ++c)
+        for (std::int64_t run = 0; run < runs; ++run) {
+          const std::uint64_t key = a.sorted.run_keys[run];
+          if (key >= a.sentinel) continue;
+          a.out[target(key) + c * a.out_c] =
+              from_acc<T>(detail::gather_run_sum(a.sorted, run, a.upstream, a.upstream_c, c, a.split, active));
+        }
+    });
+    return;
+  }
   const bool rows = a.upstream_c == 1 && a.out_c == 1 && a.C > 1;
   const std::int64_t grain = std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(a.C, 1));
   parallel_for(runs, grain, threads, [&](std::int64_t lo, std::int64_t hi) {
