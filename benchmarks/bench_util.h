@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #ifndef DETOPS_BENCH_CUDA
 #define DETOPS_BENCH_CUDA 0
@@ -137,6 +138,23 @@ void timed_loop(benchmark::State& state, Device device, const Context& ctx, F&& 
   (void)ctx;
   state.SkipWithError("CUDA benchmarks need DETOPS_BENCH_CUDA=1 (CUDA runtime header) at compile time");
 #endif
+}
+
+/// Registers `run(state)` as benchmark `name`: an error (detops::Error, no device, out of memory)
+/// skips it, never aborts the suite; milliseconds; wall clock on the CPU (the op runs its own
+/// threads), manual (event) time on CUDA.
+template <class Run>
+void register_op(const std::string& name, Device device, Run run) {
+  benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(name.c_str(), [run](benchmark::State& s) {
+    try {
+      run(s);
+    } catch (const std::exception& e) {
+      s.SkipWithError(e.what());
+    }
+  });
+  b->Unit(benchmark::kMillisecond);
+  if (device.is_cpu()) b->UseRealTime();
+  else b->UseManualTime();
 }
 
 }  // namespace bench

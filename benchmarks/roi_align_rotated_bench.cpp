@@ -132,16 +132,7 @@ void bm(benchmark::State& state, const Config& c) {
 }
 
 void add(const Config& c) {
-  benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(c.name().c_str(), [c](benchmark::State& s) {
-    try {
-      bm(s, c);
-    } catch (const std::exception& e) {  // detops::Error, no device, out of memory: skip, never abort
-      s.SkipWithError(e.what());
-    }
-  });
-  b->Unit(benchmark::kMillisecond);
-  if (c.device.is_cpu()) b->UseRealTime();  // the op runs its own threads
-  else b->UseManualTime();
+  bench::register_op(c.name(), c.device, [c](benchmark::State& s) { bm(s, c); });
 }
 
 /// Every op side by side: forward, then each backward mode, for each device, layout and (CPU)
