@@ -138,21 +138,35 @@ void zero_fill(const TensorView& v, const Context& ctx) {
   });
 }
 
-/// Atomic grad_input for the chunk: threads own planes (n, c); a plane takes its taps and
-/// positions in the scatter body's thread order, each add rounded to T.
+/// Atomic grad_input for the chunk: every sample's corners once (deform_scatter_point, into
+/// `points`), then threads own planes (n, c); a plane takes its taps and positions in the scatter
+/// body's thread order, each add rounded to T.
 template <class T>
 void scatter_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images,
-                   const Context& ctx) {
+                   detail::DeformScatterPoint<acc_t<T>>* points, const Context& ctx) {
   const DeformConv2dShape& s = call.shape;
-  const std::int64_t P = s.positions(), taps = s.taps();
+  const std::int64_t P = s.positions(), taps = s.taps(), og = s.offset_groups, cg = s.offset_group_channels();
   T* gi = static_cast<T*>(call.grads.grad_input.data);
   const DeformStrides gs = dc_strides(call.grads.grad_input);
-  const auto add = [gi](std::int64_t offset, acc_t<T> v) { gi[offset] = from_acc<T>(to_acc(gi[offset]) + v); };
+  for_each(images * og * taps * P, 1024, ctx, [&](std::int64_t t) {
+    const std::int64_t p = t % P, tap = (t / P) % taps, g = (t / (P * taps)) % og, b = t / (P * taps * og);
+    points[t] = detail::deform_scatter_point(a.f, a.n0 + b, g, tap, p, gs);
+  });
   for_each(images * s.Cin, 1, ctx, [&](std::int64_t item) {
-    const std::int64_t c = item % s.Cin, b = item / s.Cin;
+    const std::int64_t c = item % s.Cin, b = item / s.Cin, n = a.n0 + b;
+    T* plane = gi + n * gs.s0 + c * gs.s1;
+    const detail::DeformScatterPoint<acc_t<T>>* pts = points + (b * og + c / cg) * taps * P;
+    const acc_t<T>* gc = a.grad_col + c * taps * a.Q + b * P;
     for (std::int64_t tap = 0; tap < taps; ++tap)
-      for (std::int64_t p = 0; p < P; ++p)
-        detail::deform_conv2d_scatter_element((c * taps + tap) * a.Q + b * P + p, a, gs, add);
+      for (std::int64_t p = 0; p < P; ++p) {
+        const detail::DeformScatterPoint<acc_t<T>>& sp = pts[tap * P + p];
+        const acc_t<T> g = gc[tap * a.Q + p];
+        for (int corner = 0; corner < 4; ++corner) {
+          if (!sp.valid[corner]) continue;
+          T& dst = plane[sp.offset[corner]];
+          dst = from_acc<T>(to_acc(dst) + sp.weight[corner] * g);
+        }
+      }
   });
 }
 
@@ -169,6 +183,9 @@ WorkspaceLayout backward_layout(const DeformConv2dCall& call, BackwardMode mode)
   const DeformWants w = deform_wants(call);
   add_deform_backward<A>(l, call.shape, w);
   if (mode == BackwardMode::kExact && w.input) add_exact<A>(l, call.shape);
+  if (mode == BackwardMode::kAtomic && w.input)  // the scatter's sample table
+    l.add<detail::DeformScatterPoint<A>>(deform_chunk_images(call.shape) * call.shape.offset_groups *
+                                         call.shape.taps() * call.shape.positions());
   return l;
 }
 
@@ -205,6 +222,8 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
   const DeformBackwardBuffers<A> buf = take_deform_backward<A>(layout);
   GatherCpuBuffers<A> gather{};
   if (mode == BackwardMode::kExact && w.input) gather = take_gather_cpu<A>(layout);
+  detail::DeformScatterPoint<A>* scatter_points = nullptr;
+  if (mode == BackwardMode::kAtomic && w.input) scatter_points = layout.take<detail::DeformScatterPoint<A>>();
 
   if (w.input) zero_fill<T>(call.grads.grad_input, ctx);
   const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
@@ -242,7 +261,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
     }
     if (w.input) {
       if (mode == BackwardMode::kExact) exact_input<T>(call, a, images, gather, ctx);
-      else scatter_input<T>(call, a, images, ctx);
+      else scatter_input<T>(call, a, images, scatter_points, ctx);
     }
   }
   if (w.weight) {

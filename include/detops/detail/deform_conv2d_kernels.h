@@ -312,24 +312,47 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, cons
   if (grad_mask) grad_mask[n * gms.s0 + ch * gms.s1 + ho * gms.s2 + wo * gms.s3] = from_acc<T>(gm);
 }
 
+/// Where one sample (n, offset group g, tap, position p) sends its column gradient: the in-plane
+/// offsets (strides gi) of the corners with a col2im weight, and those weights times the mask.
+template <class A>
+struct DeformScatterPoint {
+  std::int64_t offset[4];
+  A weight[4];  // col2im weight x m
+  bool valid[4];  // a col2im weight != 0
+};
+
+template <class T>
+DETOPS_HOST_DEVICE inline DeformScatterPoint<acc_t<T>> deform_scatter_point(const DeformConv2dArgs<T>& a,
+                                                                            std::int64_t n, std::int64_t g,
+                                                                            std::int64_t tap, std::int64_t p,
+                                                                            const DeformStrides& gi) {
+  using A = acc_t<T>;
+  const DeformConv2dShape& s = a.s;
+  const DeformCoord<A> pt = deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);
+  const DeformCorners<A> k = deform_corners(pt.y, pt.x, s.H, s.W);
+  DeformScatterPoint<A> sp{};
+  for (int corner = 0; corner < 4; ++corner) {
+    const A w = deform_col2im_weight(k, pt.y, pt.x, corner);
+    sp.valid[corner] = w != A(0);
+    sp.weight[corner] = w * pt.m;
+    sp.offset[corner] = sp.valid[corner] ? (k.y0 + (corner >> 1)) * gi.s2 + (k.x0 + (corner & 1)) * gi.s3 : 0;
+  }
+  return sp;
+}
+
 /// Atomic grad_input, one grad_columns element per thread: t in [0, R * Q) ([R, Q] order);
-/// add(offset in grad_input, w * m * gc) for each corner with a col2im weight, y0x0 .. y1x1.
+/// add(offset in grad_input, (w * m) * gc) for each corner with a col2im weight, y0x0 .. y1x1.
 template <class T, class Add>
 DETOPS_HOST_DEVICE inline void deform_conv2d_scatter_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
                                                              const DeformStrides& gi, const Add& add) {
-  using A = acc_t<T>;
   const DeformConv2dShape& s = a.f.s;
   const std::int64_t P = s.positions(), taps = s.taps();
   const std::int64_t r = t / a.Q, q = t % a.Q, c = r / taps, tap = r % taps;
-  const std::int64_t n = a.n0 + q / P, p = q % P;
-  const DeformCoord<A> pt = deform_coord(a.f, n, c / s.offset_group_channels(), tap, p / s.Wo, p % s.Wo);
-  const DeformCorners<A> k = deform_corners(pt.y, pt.x, s.H, s.W);
-  const A gc = a.grad_col[t];
-  for (int corner = 0; corner < 4; ++corner) {
-    const A w = deform_col2im_weight(k, pt.y, pt.x, corner);
-    if (w == A(0)) continue;
-    add(n * gi.s0 + c * gi.s1 + (k.y0 + (corner >> 1)) * gi.s2 + (k.x0 + (corner & 1)) * gi.s3, w * pt.m * gc);
-  }
+  const std::int64_t n = a.n0 + q / P;
+  const DeformScatterPoint<acc_t<T>> sp = deform_scatter_point(a.f, n, c / s.offset_group_channels(), tap, q % P, gi);
+  const acc_t<T> gc = a.grad_col[t];
+  for (int corner = 0; corner < 4; ++corner)
+    if (sp.valid[corner]) add(n * gi.s0 + c * gi.s1 + sp.offset[corner], sp.weight[corner] * gc);
 }
 
 /// Exact grad_input, phase 1 for the chunk: one (b, g, tap, p) per thread, t in
