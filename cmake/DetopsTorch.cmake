@@ -236,6 +236,7 @@ add_library(detops_torch SHARED
   bindings/torch/csrc/roi_align_rotated.cpp
   bindings/torch/csrc/grid_sample.cpp
   bindings/torch/csrc/ms_deform_attn.cpp
+  bindings/torch/csrc/deform_conv2d.cpp
   bindings/torch/csrc/frozen_batch_norm.cpp
   bindings/torch/csrc/sync_batch_norm.cpp)
 add_library(detops::torch_ops ALIAS detops_torch)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# CPU timings of detops' grid_sample and multi-scale deformable attention against PyTorch's own (grid_sample and the pure composition), forward and forward+backward, one thread.
+# CPU timings of detops' grid_sample, multi-scale deformable attention and deformable convolution against PyTorch's own (grid_sample, the pure composition) and torchvision's deform_conv2d, forward and forward+backward, one thread.
 """detops_torch vs PyTorch on the CPU, one thread, median of --repeats timed calls per variant
 (variants interleaved within each repeat, after one warm-up call each).
 
@@ -13,22 +13,30 @@ Cases (float32):
                zeros, align_corners False; gradients for input and grid.
   gs_m2f_point Mask2Former's point loss: point_sample of mask logits [100, 1, 112, 112] at
                [100, 12544, 2] points (grid [100, 12544, 1, 2]); gradient for the logits only.
-Variants: torch, detops exact, detops atomic. Phases: forward ("fwd", no autograd) and
-forward + backward ("fwd+bwd", a fixed random output gradient).
+  dcn_c3, dcn_c4, dcn_c5
+               deform_conv2d with a mask (DCNv2) at the 3x3 convolutions of ResNet-50-DCN's stages
+               c3, c4, c5 for one 800x1333 image: 128 channels at 100x167, 256 at 50x84, 512 at
+               25x42; stride 1, padding 1, one offset group, no bias (mmdetection's DCN ResNets
+               put a norm after it); offsets N(0, 2^2) pixels, mask in [0, 1]; gradients for the
+               input, offset, mask and weight. Baseline: torchvision.ops.deform_conv2d.
+Variants: the baseline (torch's or torchvision's), detops exact, detops atomic. Phases: forward
+("fwd", no autograd) and forward + backward ("fwd+bwd", a fixed random output gradient).
 
     PYTHONPATH=build-torch/python /usr/bin/python3 benchmarks/torch/bench_deform.py OUT.json
-        [--repeats 5] [--quick]
+        [--repeats 5] [--quick] [--cases dcn_c4,dcn_c5]
 Writes OUT.json and the table as OUT.txt (OUT minus .json plus .txt), after every case.
 """
 import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import time
 
 import torch
 import torch.nn.functional as TF
+import torchvision
 
 import detops_torch
 
@@ -97,6 +105,29 @@ def grid_case(input_shape, grid_shape, grads, point_sample):
     return shape, tensors, grads, grad, variants
 
 
+# ResNet-50-DCN's 3x3 convolutions (bottleneck conv2) for one 800x1333 image: (channels, H, W).
+DCN_STAGES = {"dcn_c3": (128, 100, 167), "dcn_c4": (256, 50, 84), "dcn_c5": (512, 25, 42)}
+
+
+def dcn_case(channels, h, w, quick):
+    if quick:  # half of each side
+        h, w = max(h // 2, 3), max(w // 2, 3)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, channels, h, w, generator=gen)
+    offset = torch.randn(1, 2 * 9, h, w, generator=gen) * 2.0
+    mask = torch.rand(1, 9, h, w, generator=gen)
+    weight = torch.randn(channels, channels, 3, 3, generator=gen) / (3 * channels ** 0.5)
+    grad = torch.randn(1, channels, h, w, generator=gen)
+    variants = {
+        "torchvision": lambda t, o, m, wt: torchvision.ops.deform_conv2d(t, o, wt, None, 1, 1, 1, m),
+        "detops exact": lambda t, o, m, wt: detops_torch.deform_conv2d(t, o, wt, None, 1, 1, 1, m),
+        "detops atomic": lambda t, o, m, wt: detops_torch.deform_conv2d(t, o, wt, None, 1, 1, 1, m, mode="atomic"),
+    }
+    shape = (f"input [1, {channels}, {h}, {w}], weight [{channels}, {channels}, 3, 3], stride 1, padding 1, "
+             "mask, no bias")
+    return shape, (x, offset, mask, weight), (True, True, True, True), grad, variants
+
+
 def time_once(fn, tensors, needs_grad, grad, backward):
     if backward:
         leaves = [t.detach().requires_grad_(need) for t, need in zip(tensors, needs_grad)]
@@ -126,21 +157,40 @@ def run_case(name, case, repeats):
 
 
 def table(results):
-    lines = [f"{'case':<14}{'phase':<9}{'torch ms':>11}{'exact ms':>11}{'atomic ms':>11}{'torch/exact':>13}"]
+    # The baseline is each case's first variant: torch for grid_sample and ms_deform_attn,
+    # torchvision for deform_conv2d.
+    lines = [f"{'case':<14}{'phase':<9}{'base ms':>11}{'exact ms':>11}{'atomic ms':>11}{'base/exact':>12}"
+             f"{'base/atomic':>13}"]
     for name, r in results.items():
+        base = next(iter(r["ms"]))
         for phase in ("fwd", "fwd+bwd"):
-            t, e, a = (r["ms"][v][phase]["median"] for v in ("torch", "detops exact", "detops atomic"))
-            lines.append(f"{name:<14}{phase:<9}{t:>11.2f}{e:>11.2f}{a:>11.2f}{t / e:>12.2f}x")
+            t, e, a = (r["ms"][v][phase]["median"] for v in (base, "detops exact", "detops atomic"))
+            lines.append(f"{name:<14}{phase:<9}{t:>11.2f}{e:>11.2f}{a:>11.2f}{t / e:>11.2f}x{t / a:>12.2f}x")
     lines.append("")
-    lines += [f"{name}: {r['shape']}" for name, r in results.items()]
+    lines += [f"{name}: base {next(iter(r['ms']))}; {r['shape']}" for name, r in results.items()]
     return "\n".join(lines) + "\n"
+
+
+def blas_info():
+    """torch's BLAS as its build reports it (torchvision's deform_conv2d does its GEMMs with it), and
+    the library libblas.so.3 resolves to (Debian's alternatives), which "generic" means here."""
+    found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    info = found.group(1) if found else "unknown"
+    link = "/etc/alternatives/libblas.so.3-" + platform.machine() + "-linux-gnu"
+    if os.path.exists(link):
+        info += f" ({os.path.realpath(link)})"
+    return info
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="JSON output path; the table goes next to it with a .txt suffix")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per variant and phase (median)")
-    parser.add_argument("--quick", action="store_true", help="the DINO case at a quarter of each level side")
+    parser.add_argument("--quick", action="store_true",
+                        help="the DINO case at a quarter of each level side, the DCN cases at half of each side")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated case names to run (default: all): gs_rtdetr, gs_m2f_point, msda_dino4, "
+                             + ", ".join(DCN_STAGES))
     args = parser.parse_args()
     torch.set_num_threads(1)
     levels = [(max(h // 4, 1), max(w // 4, 1)) for h, w in DINO_LEVELS] if args.quick else DINO_LEVELS
@@ -149,9 +199,18 @@ def main():
         "gs_m2f_point": lambda: grid_case((100, 1, 112, 112), (100, 12544), (True, False), True),
         "msda_dino4": lambda: msda_case(levels),
     }
+    for name, (channels, h, w) in DCN_STAGES.items():
+        cases[name] = lambda c=channels, h=h, w=w: dcn_case(c, h, w, args.quick)
+    if args.cases:
+        chosen = args.cases.split(",")
+        unknown = [c for c in chosen if c not in cases]
+        if unknown:
+            parser.error(f"unknown case(s) {unknown}; expected some of {list(cases)}")
+        cases = {name: cases[name] for name in chosen}
     doc = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                        "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-           "torch": torch.__version__, "detops": detops_torch.__version__, "threads": 1, "repeats": args.repeats,
+           "torch": torch.__version__, "torchvision": torchvision.__version__, "detops": detops_torch.__version__,
+           "torch_blas": blas_info(), "threads": 1, "repeats": args.repeats, "quick": args.quick,
            "dtype": "float32", "results": {}}
     text_path = (args.out[:-5] if args.out.endswith(".json") else args.out) + ".txt"
     for name, make in cases.items():
@@ -161,6 +220,8 @@ def main():
             json.dump(doc, f, indent=1)
         with open(text_path, "w") as f:
             f.write(table(doc["results"]))
+            f.write(f"torch {doc['torch']} (BLAS {doc['torch_blas']}), torchvision {doc['torchvision']}, "
+                    f"{'quick, ' if args.quick else ''}1 thread, median of {args.repeats}\n")
         print(table({name: doc["results"][name]}), end="", flush=True)
 
 

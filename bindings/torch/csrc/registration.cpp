@@ -1,6 +1,6 @@
 // The schemas of torch.ops.detops.*: the one TORCH_LIBRARY(detops) block. Kernels are registered
 // per dispatch key next to their code (roi_align.cpp, roi_align_rotated.cpp, grid_sample.cpp,
-// ms_deform_attn.cpp, frozen_batch_norm.cpp, sync_batch_norm.cpp).
+// ms_deform_attn.cpp, deform_conv2d.cpp, frozen_batch_norm.cpp, sync_batch_norm.cpp).
 //
 // Written to parse on torch 1.13 and 2.x alike: plain `int` sizes (not SymInt), defaults only on
 // trailing arguments, so torchvision-style positional calls work unchanged.
@@ -67,6 +67,19 @@ TORCH_LIBRARY(detops, m) {
         "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights, str mode, "
         "bool value_grad, bool locations_grad, bool weights_grad) "
         "-> (Tensor grad_value, Tensor grad_sampling_locations, Tensor grad_attention_weights)");
+
+  // Deformable convolution (v1; v2 with a mask): torchvision::deform_conv2d's schema and order
+  // (groups and offset_groups are redundant with the shapes and must agree with them; mask and
+  // bias may also be None), then the backward mode. The backward op as grid_sample's: the
+  // gradients asked for, None for the others (no bias argument: its gradient sums grad_output).
+  m.def("deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor? mask, Tensor? bias, int stride_h, "
+        "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+        "bool use_mask, str mode=\"exact\") -> Tensor");
+  m.def("_deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, Tensor offset, Tensor? mask, "
+        "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, "
+        "int offset_groups, str mode, bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad, "
+        "bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_offset, Tensor grad_mask, "
+        "Tensor grad_bias)");
 
   // FrozenBatchNorm2d.
   m.def("frozen_batch_norm_fold(Tensor weight, Tensor bias, Tensor running_mean, Tensor running_var, "

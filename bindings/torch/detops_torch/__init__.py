@@ -1,4 +1,4 @@
-# detops_torch: detops' deterministic detection ops (RoIAlign, RoIAlignRotated, grid_sample, multi-scale deformable attention, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
+# detops_torch: detops' deterministic detection ops (RoIAlign, RoIAlignRotated, grid_sample, multi-scale deformable attention, deformable convolution, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
 """detops for PyTorch.
 
 ``import detops_torch`` registers ``torch.ops.detops.*`` (CPU, CUDA and Meta kernels with C++
@@ -12,6 +12,9 @@ autograd) and provides torchvision-, detectron2- and mmcv-compatible modules ove
     sampled = detops_torch.grid_sample(x, grid, align_corners=False)   # torch's signature
     attn = detops_torch.MultiScaleDeformableAttention(256, 8, 4, 4)    # mmcv's module (MSDeformAttn:
                                                                        # Deformable-DETR's)
+    y = detops_torch.deform_conv2d(x, offset, weight, mask=mask)       # torchvision's signature
+    dcn = detops_torch.ModulatedDeformConv2dPack(256, 256, 3, padding=1)  # mmcv's DCNv2 (DeformConv2d:
+                                                                          # torchvision's)
 
 The compiled op library ``_C.so`` is built for one torch version; importing it into another can
 abort the interpreter, so the version recorded at build time is checked before it is loaded.
@@ -68,9 +71,11 @@ from . import functional  # noqa: E402
 from . import nn  # noqa: E402
 from . import distributed  # noqa: E402
 from . import compat  # noqa: E402
-from .functional import grid_sample, ms_deform_attn, point_sample, roi_align, roi_align_rotated  # noqa: E402
-from .nn import (FrozenBatchNorm2d, MSDeformAttn, MultiScaleDeformableAttention, MultiScaleRoIAlign,  # noqa: E402
-                 RoIAlign, RoIAlignRotated, ROIAlignRotated, convert_frozen_batchnorm)
+from .functional import (deform_conv2d, grid_sample, ms_deform_attn, point_sample, roi_align,  # noqa: E402
+                         roi_align_rotated)
+from .nn import (DeformConv2d, FrozenBatchNorm2d, ModulatedDeformConv2dPack, MSDeformAttn,  # noqa: E402
+                 MultiScaleDeformableAttention, MultiScaleRoIAlign, RoIAlign, RoIAlignRotated, ROIAlignRotated,
+                 convert_frozen_batchnorm)
 from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
 from .convert import convert  # noqa: E402
 
@@ -80,12 +85,15 @@ __all__ = [
     "grid_sample",
     "point_sample",
     "ms_deform_attn",
+    "deform_conv2d",
     "RoIAlign",
     "MultiScaleRoIAlign",
     "ROIAlignRotated",
     "RoIAlignRotated",
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
+    "DeformConv2d",
+    "ModulatedDeformConv2dPack",
     "FrozenBatchNorm2d",
     "convert_frozen_batchnorm",
     "SyncBatchNorm",

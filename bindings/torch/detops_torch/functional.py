@@ -1,4 +1,4 @@
-# Functional entry points of detops_torch: torchvision-compatible roi_align, roi_align_rotated (detectron2's / mmcv's), grid_sample (torch's) and point_sample (detectron2's), ms_deform_attn (Deformable-DETR's / mmcv's), FrozenBatchNorm2d's fold/apply over torch.ops.detops.
+# Functional entry points of detops_torch: torchvision-compatible roi_align, roi_align_rotated (detectron2's / mmcv's), grid_sample (torch's) and point_sample (detectron2's), ms_deform_attn (Deformable-DETR's / mmcv's), deform_conv2d (torchvision's), FrozenBatchNorm2d's fold/apply over torch.ops.detops.
 """Functional forms of the detops ops.
 
 ``roi_align`` has ``torchvision.ops.roi_align``'s signature (boxes as a ``[K, 5]`` tensor or a list
@@ -13,8 +13,9 @@ format of the truncated mode and the pooling mode (``"max"`` is mmcv's max pooli
 nearest) plus the keyword-only ``backward_mode``; ``point_sample`` is detectron2's (and
 Mask2Former's) helper over it. ``ms_deform_attn`` takes the arguments of Deformable-DETR's
 ``MSDeformAttnFunction`` and mmcv's ``MultiScaleDeformableAttnFunction`` (without ``im2col_step``)
-plus ``mode``. Their backward modes: ``"exact"`` (bitwise reproducible, the default) or
-``"atomic"`` (the anchors' scatter; not reproducible on GPUs).
+plus ``mode``. ``deform_conv2d`` has ``torchvision.ops.deform_conv2d``'s signature (DCNv1, and
+DCNv2 with a mask) plus the keyword-only ``mode``. Their backward modes: ``"exact"`` (bitwise
+reproducible, the default) or ``"atomic"`` (the anchors' scatter; not reproducible on GPUs).
 """
 import warnings
 from typing import List, Optional, Tuple, Union
@@ -40,6 +41,7 @@ __all__ = [
     "grid_sample",
     "point_sample",
     "ms_deform_attn",
+    "deform_conv2d",
     "frozen_batch_norm",
     "frozen_batch_norm_fold",
 ]
@@ -52,7 +54,7 @@ POOL_MODES = ("avg", "max")
 # roi_align_rotated's angle column: detectron2's degrees, mmcv's radians.
 ANGLE_UNITS = ("degrees", "radians")
 EPILOGUES = ("none", "relu", "add_relu")
-# grid_sample and ms_deform_attn have no truncated mode.
+# grid_sample, ms_deform_attn and deform_conv2d have no truncated mode.
 GATHER_BACKWARD_MODES = ("exact", "atomic")
 GRID_SAMPLE_MODES = ("bilinear", "nearest")
 GRID_SAMPLE_PADDING_MODES = ("zeros", "border", "reflection")
@@ -358,3 +360,128 @@ def ms_deform_attn(
     """
     return torch.ops.detops.ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
                                            attention_weights, mode)
+
+
+def _deform_groups(input: Tensor, offset: Tensor, weight: Tensor) -> Tuple[int, int]:
+    """(groups, offset_groups) inferred from the shapes as torchvision infers them. Shapes that
+    give none (wrong ranks, an empty kernel) give 1 and 1: the op then names what is wrong."""
+    if input.dim() != 4 or weight.dim() != 4 or offset.dim() != 4:
+        return 1, 1
+    taps = weight.size(2) * weight.size(3)
+    if taps <= 0:
+        return 1, 1
+    if offset.size(1) <= 0 or offset.size(1) % (2 * taps) != 0:
+        raise ValueError(
+            "deform_conv2d: offset has sizes " + _sizes(offset) + "; expected [N, 2 * offset_groups * kh * kw, Ho, Wo]"
+            + " with offset_groups >= 1: channels a positive multiple of 2 * kh * kw = " + str(2 * taps)
+        )
+    groups = 1
+    if weight.size(1) > 0:
+        groups = input.size(1) // weight.size(1)
+    return groups, offset.size(1) // (2 * taps)
+
+
+@torch.fx.wrap
+def _deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    stride: Tuple[int, int],
+    padding: Tuple[int, int],
+    dilation: Tuple[int, int],
+    mask: Optional[Tensor],
+    mode: str,
+) -> Tensor:
+    # All-positional form of deform_conv2d, for the modules (TorchScript 1.13 rejects keyword-only
+    # arguments with defaults). The op validates the rest, mode included.
+    stride_h, stride_w = _pair(stride)
+    pad_h, pad_w = _pair(padding)
+    dil_h, dil_w = _pair(dilation)
+    groups, offset_groups = _deform_groups(input, offset, weight)
+    return torch.ops.detops.deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h,
+                                          dil_w, groups, offset_groups, mask is not None, mode)
+
+
+def _autocast_args(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """Under torch.autocast, every tensor argument in the autocast dtype, as autocast treats
+    torch's conv2d (deform_conv2d is a convolution): detops then computes natively in that dtype
+    (float32 accumulation). torchvision instead casts to float32 and returns float32. Outside
+    autocast the tensors are returned as they are (mixed dtypes are then a ValueError)."""
+    dtype: Optional[torch.dtype] = None
+    device_type = tensors[0].device.type  # the input's (never None)
+    if device_type not in ("cpu", "cuda"):
+        return tensors
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4 (the per-device functions warn there)
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+    elif device_type == "cuda" and torch.is_autocast_enabled():
+        dtype = torch.get_autocast_gpu_dtype()
+    elif device_type == "cpu" and torch.is_autocast_cpu_enabled():
+        dtype = torch.get_autocast_cpu_dtype()
+    if dtype is None:
+        return tensors
+    return [t if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors]
+
+
+@torch.fx.wrap
+@torch.jit.unused
+def _deform_conv2d_autocast(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    stride: Tuple[int, int],
+    padding: Tuple[int, int],
+    dilation: Tuple[int, int],
+    mask: Optional[Tensor],
+    mode: str,
+) -> Tensor:
+    # _deform_conv2d after _autocast_args: the eager path of the function and the modules (a
+    # scripted module calls _deform_conv2d directly).
+    input, offset, weight, bias, mask = _autocast_args([input, offset, weight, bias, mask])
+    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, mode)
+
+
+@torch.fx.wrap
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: Tuple[int, int] = (1, 1),
+    padding: Tuple[int, int] = (0, 0),
+    dilation: Tuple[int, int] = (1, 1),
+    mask: Optional[Tensor] = None,
+    *,
+    mode: str = "exact",
+) -> Tensor:
+    """Deformable convolution, ``torchvision.ops.deform_conv2d``'s signature and semantics,
+    computed by detops: DCNv1 without ``mask``, DCNv2 (modulated) with it.
+
+    Args:
+        input: ``[N, Cin, H, W]`` float32, float64, float16 or bfloat16 (NCHW or channels_last; the
+            output and grad_input keep the input's memory format).
+        offset: ``[N, 2 * offset_groups * kh * kw, Ho, Wo]``: channel ``2 * (g * kh * kw + i * kw + j)``
+            is the y offset of kernel tap ``(i, j)`` in offset group ``g``, the next one its x offset.
+        weight: ``[Cout, Cin / groups, kh, kw]``; ``groups = Cin / weight.shape[1]``.
+        bias: ``[Cout]`` or None.
+        stride, padding, dilation: ``int`` or ``(h, w)``, as torchvision.
+        mask: ``[N, offset_groups * kh * kw, Ho, Wo]`` modulation (DCNv2) or None (DCNv1).
+        mode: ``"exact"`` (bitwise reproducible gradients, the default) or ``"atomic"`` (the
+            anchors' scatter of grad_input; not reproducible on GPUs, where it raises torch's
+            nondeterminism alert). The forward and the other gradients are the same in both.
+
+    All tensors share the input's dtype and device (under ``torch.autocast`` they are cast to the
+    autocast dtype first, as for a convolution). 16-bit inputs run natively (float32 accumulation,
+    rounded once), not upcast.
+
+    Returns:
+        ``[N, Cout, Ho, Wo]``. Gradients flow to input, offset, weight, mask and bias, each computed
+        only when needed.
+
+    TorchScript does not compile keyword-only arguments; scripted code uses
+    :class:`detops_torch.DeformConv2d` or ``torch.ops.detops.deform_conv2d``.
+    """
+    check_choice("deform_conv2d", "mode", mode, GATHER_BACKWARD_MODES)
+    return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, mode)

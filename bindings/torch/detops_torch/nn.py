@@ -1,4 +1,4 @@
-# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d; detectron2's ROIAlignRotated and mmcv's RoIAlignRotated; mmcv's MultiScaleDeformableAttention and Deformable-DETR's MSDeformAttn.
+# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d, DeformConv2d; detectron2's ROIAlignRotated and mmcv's RoIAlignRotated; mmcv's MultiScaleDeformableAttention, ModulatedDeformConv2dPack and Deformable-DETR's MSDeformAttn.
 """Modules with the anchors' constructor signatures and defaults, computed by detops.
 
 * ``RoIAlign(output_size, spatial_scale, sampling_ratio, aligned=False)``
@@ -19,10 +19,17 @@
   value_proj_ratio=1.0)``: mmcv's (its parameters, initialisation and residual forward)
 * ``MSDeformAttn(d_model=256, n_levels=4, n_heads=8, n_points=4)``: Deformable-DETR's (no
   residual); the two share their state-dict keys, so a checkpoint of either loads into the other.
+* ``DeformConv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+  bias=True)``: torchvision's (its parameters, initialisation, state dict, repr and
+  ``forward(input, offset, mask=None)``)
+* ``ModulatedDeformConv2dPack(in_channels, out_channels, kernel_size, stride=1, padding=0,
+  dilation=1, groups=1, deform_groups=1, bias=True)``: mmcv's DCNv2 layer (``mmcv.ops``, config
+  type ``DCNv2``): its own zero-initialised ``conv_offset`` predicts offsets and mask; an mmcv
+  checkpoint loads unchanged and gives the same output.
 
 Every RoI module (rotated or not) also takes the keyword-only ``backward_mode`` (default
-``"exact"``) and ``truncation``; the attention modules take the keyword-only ``mode`` (``"exact"``
-or ``"atomic"``).
+``"exact"``) and ``truncation``; the attention and deformable convolution modules take the
+keyword-only ``mode`` (``"exact"`` or ``"atomic"``).
 """
 import copy
 import functools
@@ -35,8 +42,13 @@ import torch.fx
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from .functional import (GATHER_BACKWARD_MODES, _roi_align, _roi_align_rotated, boxes_to_rois, check_choice,
-                         check_roi_options, ms_deform_attn)
+from .functional import (GATHER_BACKWARD_MODES, _deform_conv2d, _deform_conv2d_autocast, _roi_align,
+                         _roi_align_rotated, boxes_to_rois, check_choice, check_roi_options, ms_deform_attn)
+
+# torch.fx.wrap patches a function in the globals of the module that registers it; these two
+# (leaves of a traced graph: they branch on shapes and autocast state) are called from here.
+torch.fx.wrap("_deform_conv2d")
+torch.fx.wrap("_deform_conv2d_autocast")
 
 __all__ = [
     "RoIAlign",
@@ -47,6 +59,8 @@ __all__ = [
     "RoIAlignRotated",
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
+    "DeformConv2d",
+    "ModulatedDeformConv2dPack",
 ]
 
 # torchvision's level mapping and scale inference are reused when torchvision is importable, so
@@ -617,3 +631,173 @@ class MSDeformAttn(_DeformableAttention):
         ``[B, S]`` (True: padding) -> ``[B, Q, C]``."""
         return self._attend("MSDeformAttn", query, input_flatten, reference_points, input_spatial_shapes,
                             input_level_start_index, input_padding_mask)
+
+
+class DeformConv2d(nn.Module):
+    """torchvision's ``DeformConv2d`` (``torchvision.ops``), computed by detops.
+
+    Same constructor, parameters (``weight`` ``[out_channels, in_channels / groups, kh, kw]``,
+    ``bias`` or None), initialisation (:meth:`reset_parameters`: the same random draws, so the same
+    seed gives the same tensors), state dict and repr; ``forward(input, offset, mask=None)`` as
+    :func:`detops_torch.deform_conv2d` (DCNv2 when a mask is given). The keyword-only ``mode``
+    (``"exact"`` or ``"atomic"``) is the backward mode. Scriptable with ``torch.jit.script``.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
+                 dilation: int = 1, groups: int = 1, bias: bool = True, *, mode: str = "exact"):
+        super().__init__()
+        owner = type(self).__name__
+        if in_channels % groups != 0:
+            raise ValueError(f"{owner}: in_channels {in_channels} is not divisible by groups {groups}")
+        if out_channels % groups != 0:
+            raise ValueError(f"{owner}: out_channels {out_channels} is not divisible by groups {groups}")
+        check_choice(owner, "mode", mode, GATHER_BACKWARD_MODES)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.mode = mode
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, self.kernel_size[0],
+                                               self.kernel_size[1]))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torchvision's (and nn.Conv2d's) initialisation: Kaiming-uniform weight with a = sqrt(5),
+        bias uniform in +-1 / sqrt(fan_in)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """input ``[N, Cin, H, W]``, offset ``[N, 2 * offset_groups * kh * kw, Ho, Wo]``, mask
+        ``[N, offset_groups * kh * kw, Ho, Wo]`` or None -> ``[N, Cout, Ho, Wo]``."""
+        if torch.jit.is_scripting():
+            return _deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                                  mask, self.mode)
+        return _deform_conv2d_autocast(input, offset, self.weight, self.bias, self.stride, self.padding,
+                                       self.dilation, mask, self.mode)
+
+    def __repr__(self) -> str:
+        # torchvision's: the non-default options only.
+        s = (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={self.stride}")
+        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        s += f", groups={self.groups}" if self.groups != 1 else ""
+        s += ", bias=False" if self.bias is None else ""
+        return s + ")"
+
+
+class ModulatedDeformConv2dPack(nn.Module):
+    """mmcv's ``ModulatedDeformConv2dPack`` (``mmcv.ops``; the ``DCNv2`` of mmdetection configs),
+    computed by detops: a DCNv2 layer that predicts its own offsets and mask.
+
+    Same constructor (mmcv's deprecated ``deformable_groups`` is accepted with a warning),
+    attributes, parameters (``weight``, ``bias``, ``conv_offset.weight``, ``conv_offset.bias``),
+    initialisation (:meth:`init_weights`, with mmcv's sequence of random draws) and state-dict
+    version (2; version-1 checkpoints that name the offset conv ``<name>_offset`` are renamed on
+    load, as mmcv does). ``forward(x)``: ``conv_offset(x)`` (``deform_groups * 3 * kh * kw``
+    channels) is split into thirds ``o1, o2, m``; ``offset = cat(o1, o2)``, ``mask = sigmoid(m)``.
+
+    Offset channels: mmcv's kernels read offset channel ``2 * t`` as the y and ``2 * t + 1`` as the
+    x offset of kernel tap ``t`` (per deformable group), exactly as torchvision's and detops' do, so
+    the concatenated ``offset`` goes to detops unchanged and an mmcv checkpoint gives mmcv's output
+    (the y offsets are thus the even channels of the two first thirds, not the first third).
+    Like mmcv, the input, weight, bias and mask are cast to the offset's dtype (under autocast the
+    offset conv's output is 16-bit). The keyword-only ``mode`` is the backward mode.
+    """
+
+    _version = 2
+
+    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+        super().__init__()
+        owner = type(self).__name__
+        # mmcv checks none of these (a bad value fails in its kernel); here they fail where written.
+        for name, channels, what, parts in (("in_channels", in_channels, "groups", groups),
+                                            ("out_channels", out_channels, "groups", groups),
+                                            ("in_channels", in_channels, "deform_groups", deform_groups)):
+            if parts <= 0 or channels % parts != 0:
+                raise ValueError(f"{owner}: {name} {channels} is not divisible by {what} {parts}")
+        check_choice(owner, "mode", mode, GATHER_BACKWARD_MODES)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.deform_groups = deform_groups
+        # mmcv keeps these for code that treats the layer as an nn.Conv2d.
+        self.transposed = False
+        self.output_padding = (0,)
+        self.mode = mode
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        if bias:  # mmcv: any truthy value, its documented "auto" included
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        # mmcv draws the weight, builds conv_offset (nn.Conv2d's own initial draws) and draws the
+        # weight again: the same sequence here, so one seed gives mmcv's tensors.
+        self._init_weight_and_bias()
+        self.conv_offset = nn.Conv2d(in_channels, deform_groups * 3 * self.kernel_size[0] * self.kernel_size[1],
+                                     kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                                     dilation=self.dilation, bias=True)
+        self.init_weights()
+
+    def _init_weight_and_bias(self) -> None:
+        # Uniform in +-1 / sqrt(in_channels * kh * kw) (all input channels, whatever groups is);
+        # zero bias.
+        stdv = 1.0 / math.sqrt(self.in_channels * self.kernel_size[0] * self.kernel_size[1])
+        with torch.no_grad():
+            self.weight.uniform_(-stdv, stdv)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def init_weights(self) -> None:
+        """mmcv's initialisation: the weight uniform in +-1 / sqrt(in_channels * kh * kw), zero
+        bias, and a zero conv_offset (offsets 0 and mask sigmoid(0) = 0.5 at first)."""
+        self._init_weight_and_bias()
+        with torch.no_grad():
+            self.conv_offset.weight.zero_()
+            self.conv_offset.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""
+        out = self.conv_offset(x)
+        o1, o2, m = torch.chunk(out, 3, dim=1)
+        offset = torch.cat((o1, o2), dim=1)
+        mask = torch.sigmoid(m)
+        x = x.type_as(offset)
+        weight = self.weight.type_as(x)
+        bias = self.bias
+        if bias is not None:
+            bias = bias.type_as(x)
+        mask = mask.type_as(x)
+        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.mode)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Version-1 checkpoints (mmdetection's first DCNv2 models) name the offset conv
+        # "<this module's name>_offset" next to the module, e.g. "layer1.0.conv2_offset.weight"
+        # for the module "layer1.0.conv2"; mmcv renames them, and so does this.
+        version = local_metadata.get("version", None)
+        if version is None or version < 2:
+            for param in ("weight", "bias"):
+                new_key = f"{prefix}conv_offset.{param}"
+                old_key = f"{prefix[:-1]}_offset.{param}"
+                if new_key not in state_dict and old_key in state_dict:
+                    state_dict[new_key] = state_dict.pop(old_key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)

@@ -64,7 +64,7 @@ class FixtureAnchorTest(SignatureMixin, unittest.TestCase):
     def test_fixture_is_read(self):
         self.assertEqual(sorted(_load_fixtures()),
                          ["detectron2.FrozenBatchNorm2d", "detectron2.ROIAlign", "detectron2.ROIAlignRotated",
-                          "mmcv.RoIAlign", "mmcv.RoIAlignRotated"])
+                          "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign", "mmcv.RoIAlignRotated"])
 
     def test_constructor_signatures(self):
         for name, spec in _load_fixtures().items():
@@ -85,7 +85,8 @@ class FixtureAnchorTest(SignatureMixin, unittest.TestCase):
                 ex = spec["repr_example"]
                 m = cls(*ex["args"], **ex["kwargs"])
                 self.assertEqual(list(m.state_dict().keys()), spec["state_dict_keys"])
-                self.assertEqual(list(m.parameters()), [])
+                shapes = {k: list(p.shape) for k, p in m.named_parameters()}
+                self.assertEqual(shapes, spec.get("parameter_shapes", {}))
                 for attr in spec["attributes"]:
                     self.assertTrue(hasattr(m, attr), f"{name}.{attr}")
                 self.assertEqual(repr(m), ex["repr"])
@@ -121,10 +122,11 @@ class TorchvisionAnchorTest(SignatureMixin, unittest.TestCase):
     """torchvision is installed: compare with its classes directly."""
 
     def test_signatures(self):
-        from torchvision.ops import FrozenBatchNorm2d, MultiScaleRoIAlign, RoIAlign
+        from torchvision.ops import DeformConv2d, FrozenBatchNorm2d, MultiScaleRoIAlign, RoIAlign
 
         for ours, theirs in ((detops_torch.RoIAlign, RoIAlign), (detops_torch.MultiScaleRoIAlign, MultiScaleRoIAlign),
-                             (detops_torch.FrozenBatchNorm2d, FrozenBatchNorm2d)):
+                             (detops_torch.FrozenBatchNorm2d, FrozenBatchNorm2d),
+                             (detops_torch.DeformConv2d, DeformConv2d)):
             with self.subTest(cls=theirs.__name__):
                 anchor = [p for p in _init_params(theirs)]
                 positional = [(p.name, p.default) for p in anchor if p.kind == p.POSITIONAL_OR_KEYWORD]

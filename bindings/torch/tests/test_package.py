@@ -12,14 +12,15 @@ import torch
 import detops_torch
 
 OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "roi_align_rotated",
-       "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn", "_ms_deform_attn_backward", "frozen_batch_norm_fold",
+       "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn",
+       "_ms_deform_attn_backward", "deform_conv2d", "_deform_conv2d_backward", "frozen_batch_norm_fold",
        "frozen_batch_norm", "_frozen_batch_norm_backward", "sync_batch_norm_record_words",
        "sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
        "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
        "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply"]
-EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "RoIAlign",
-           "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention", "MSDeformAttn",
-           "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",
+EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "deform_conv2d",
+           "RoIAlign", "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention",
+           "MSDeformAttn", "DeformConv2d", "ModulatedDeformConv2dPack", "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",
            "__version__", "compat"]
 
 
@@ -68,6 +69,20 @@ class ExportsTest(unittest.TestCase):
         except ImportError:  # pragma: no cover
             pass
         for a in _schema("roi_align").arguments[7:]:
+            self.assertIsNotNone(a.default_value, f"extra argument {a.name} must have a default")
+
+    def test_deform_conv2d_has_torchvision_positional_order(self):
+        ours = [a.name for a in _schema("deform_conv2d").arguments]
+        self.assertEqual(ours[:14], ["input", "weight", "offset", "mask", "bias", "stride_h", "stride_w", "pad_h",
+                                     "pad_w", "dilation_h", "dilation_w", "groups", "offset_groups", "use_mask"])
+        try:
+            import torchvision  # noqa: F401
+
+            theirs = [a.name for a in torch.ops.torchvision.deform_conv2d.default._schema.arguments]
+            self.assertEqual(ours[:len(theirs)], theirs)
+        except ImportError:  # pragma: no cover
+            pass
+        for a in _schema("deform_conv2d").arguments[14:]:
             self.assertIsNotNone(a.default_value, f"extra argument {a.name} must have a default")
 
 
