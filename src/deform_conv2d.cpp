@@ -256,7 +256,10 @@ void deform_conv2d_backward(const TensorView& grad_output, const TensorView& inp
        {"grad_input", &grads.grad_input}, {"grad_weight", &grads.grad_weight}, {"grad_offset", &grads.grad_offset},
        {"grad_mask", &grads.grad_mask}, {"grad_bias", &grads.grad_bias}},
       "deform_conv2d_backward_workspace_size");
-  if (bytes == 0 && !internal::deform_wants(call).bias) return;
+  // every wanted gradient is written, even where nothing needs workspace (Cin = Cout = 0 still
+  // has grad_offset and grad_mask elements: zeros)
+  const internal::DeformWants w = internal::deform_wants(call);
+  if (!w.input && !w.weight && !w.offset && !w.mask && !w.bias) return;
   backend(call).backward(call, backward.mode, ctx, scratch.workspace(bytes));
 }
 

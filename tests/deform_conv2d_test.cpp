@@ -228,7 +228,9 @@ TEST(DeformConv2d, EmptyProblemsSucceed) {
   o.pad_h = o.pad_w = 1;
   for (const DeformConv2dConfig& c : {DeformConv2dConfig{0, 4, 5, 5, 3, 3, 3, 1, 1, o, true, true},
                                       DeformConv2dConfig{2, 4, 5, 5, 0, 3, 3, 1, 1, o, true, false},
-                                      DeformConv2dConfig{2, 0, 5, 5, 3, 3, 3, 1, 1, o, true, true}}) {
+                                      DeformConv2dConfig{2, 0, 5, 5, 3, 3, 3, 1, 1, o, true, true},
+                                      // nothing needs workspace, yet grad_offset and grad_mask have elements
+                                      DeformConv2dConfig{2, 0, 5, 5, 0, 3, 3, 1, 1, o, true, false}}) {
     const DeformConv2dProblem p = test::rounded_problem(test::make_deform_problem(c, 5), DType::kFloat32);
     const DeformConv2dRun r = test::run_deform_conv2d(p, DType::kFloat32, Layout::kNCHW, BackwardMode::kExact, 2);
     const test::DeformConv2dResult ref = test::ref::deform_conv2d(p);

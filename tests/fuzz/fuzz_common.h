@@ -196,6 +196,21 @@ inline void expect_unknown_dtype(Expect* e) {
   if (kRejectsUnknownDTypes) *e = Expect::kError;
   else if (*e == Expect::kSuccess) *e = Expect::kEither;
 }
+/// A data dtype from one byte: one of the four float dtypes, or now and then int32 (an error) or a
+/// value outside DType (grid_sample's and deform_conv2d's cases).
+inline DType decode_float_dtype(Reader& r, Expect* e) {
+  const int v = r.u8() % 34;
+  if (v == 32) {
+    expect_error(e);
+    return DType::kInt32;
+  }
+  if (v == 33) {
+    expect_unknown_dtype(e);
+    return static_cast<DType>(9);
+  }
+  static const DType kinds[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16};
+  return kinds[v % 4];
+}
 /// Counts what a decoded case expects (for the statistics).
 inline void note_expect(Expect e, bool in_place, bool overlapping) {
   if (e == Expect::kError) ++stats().expected_error;

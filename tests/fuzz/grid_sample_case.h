@@ -28,20 +28,6 @@ struct GridSampleCase {
   Expect expect = Expect::kSuccess;
 };
 
-inline DType decode_dtype(Reader& r, Expect* e) {
-  const int v = r.u8() % 34;
-  if (v == 32) {
-    expect_error(e);
-    return DType::kInt32;
-  }
-  if (v == 33) {
-    expect_unknown_dtype(e);
-    return static_cast<DType>(9);
-  }
-  static const DType kinds[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16};
-  return kinds[v % 4];
-}
-
 /// A spec with strides of a decoded form; a negative stride anywhere, or an overlapping or
 /// broadcast output, makes the call an error.
 inline Spec grid_spec(Reader& r, const char* name, DType dt, std::int64_t s0, std::int64_t s1, std::int64_t s2,
@@ -75,7 +61,7 @@ inline std::vector<double> decode_values(Reader& r, std::int64_t n, double scale
 inline GridSampleCase decode_grid_sample(Reader& r, Arena& arena, bool backward) {
   GridSampleCase c;
   Expect& e = c.expect;
-  c.dt = decode_dtype(r, &e);
+  c.dt = decode_float_dtype(r, &e);
   const int g = r.u8() % 4;
   c.gdt = g == 0 ? DType::kFloat32 : g == 1 ? DType::kFloat64 : c.dt;
   if (g == 3 && r.one_in(8)) {  // a 16-bit grid of the other 16-bit dtype (or with a wide input)
