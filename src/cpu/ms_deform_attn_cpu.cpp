@@ -51,6 +51,7 @@ template <class T, class Loc, class A>
 void gather_corners(const detail::MsdaInputs<T, Loc>& in, const MsdaSample<A>& s, std::int64_t b, std::int64_t m,
                     A* cv) {
   const std::int64_t D = in.shape.D, sd = in.vs[3];
+  if (D == 0) return;  // nothing to gather, and value may be null (null plus an offset is undefined)
   for (int c = 0; c < kMsdaCorners; ++c) {
     A* row = cv + c * D;
     if (!s.inside[c]) {
@@ -107,7 +108,8 @@ struct UnitSamples {
     q = u % sh.Q;
     m = (u / sh.Q) % sh.M;
     b = u / (sh.Q * sh.M);
-    const T* head = rows + b * rs[0] + m * rs[2];
+    // no channels: the data may be null, and null plus an offset is undefined (clang's UBSan)
+    const T* head = sh.D > 0 && rows != nullptr ? rows + b * rs[0] + m * rs[2] : nullptr;
     for (std::int64_t l = 0, k = 0; l < sh.L; ++l) {
       for (std::int64_t p = 0; p < sh.P; ++p, ++k) {
         A x, y;
@@ -116,7 +118,7 @@ struct UnitSamples {
         s = detail::msda_sample(x, y, levels[static_cast<std::size_t>(l)]);
         if (!s.valid) continue;
         attn[static_cast<std::size_t>(k)] = detail::msda_load_attention<A>(in, b, q, m, l, p);
-        for (int c = 0; c < kMsdaCorners; ++c)
+        for (int c = 0; c < kMsdaCorners && head != nullptr; ++c)
           if (s.inside[c]) prefetch_row(head + s.row[c] * rs[1], sh.D, rs[3]);
       }
     }
@@ -193,8 +195,10 @@ void location_grads(const MsdaCall& call, const detail::MsdaBackwardArgs<T, Loc>
       also(unit);
       if (!wanted) return;
       const std::int64_t b = unit.b, m = unit.m, q = unit.q;
-      const T* go = a.grad_out + b * a.gos[0] + q * a.gos[1] + m * D * a.gos[2];
-      for (std::int64_t d = 0; d < D; ++d) g[d] = to_acc(go[d * a.gos[2]]);
+      if (D > 0) {  // without channels grad_out may be null
+        const T* go = a.grad_out + b * a.gos[0] + q * a.gos[1] + m * D * a.gos[2];
+        for (std::int64_t d = 0; d < D; ++d) g[d] = to_acc(go[d * a.gos[2]]);
+      }
       for (std::int64_t l = 0, k = 0; l < sh.L; ++l) {
         const MsdaLevel& lv = call.levels[static_cast<std::size_t>(l)];
         for (std::int64_t p = 0; p < sh.P; ++p, ++k) {
