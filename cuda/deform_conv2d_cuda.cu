@@ -12,6 +12,7 @@
 #include "atomic_add.cuh"
 #include "cuda_check.cuh"
 #include "gather_backward.cuh"
+#include "zero_fill.cuh"
 #include "internal/deform_conv2d_backend.h"
 #include "internal/scratch.h"
 
@@ -90,11 +91,6 @@ __global__ void enumerate_kernel(detail::DeformConv2dBackwardArgs<T> a, std::uin
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_enumerate_element(t, a, sentinel, rec);
 }
 
-template <class T>
-__global__ void zero_kernel(T* p, DeformStrides st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::deform_conv2d_zero_element(i, p, st, C, H, W);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host helpers
 
@@ -123,21 +119,6 @@ void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx)
   weight_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<const T*>(call.weight.data),
                                                                dc_strides(call.weight), s, w, n);
   check_launch("weight_kernel", call.op, ctx);
-}
-
-bool is_dense(const TensorView& v) { return v.span_bytes() == v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype)); }
-
-template <class T>
-void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
-  const std::int64_t n = v.numel();
-  if (n == 0) return;
-  if (is_dense(v)) {
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(v.data, 0, static_cast<std::size_t>(n) * sizeof(T), stream_of(ctx)), op);
-    return;
-  }
-  zero_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<T*>(v.data), dc_strides(v), v.sizes[1],
-                                                             v.sizes[2], v.sizes[3], n);
-  check_launch("zero_kernel", op, ctx);
 }
 
 /// The exact mode's chunk capacity: records and positions (the sentinel).
@@ -201,7 +182,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
   GatherCudaBuffers<A> gather{};
   if (mode == BackwardMode::kExact && w.input) gather = take_gather_cuda<A>(layout, temp_bytes);
 
-  if (w.input) zero_fill<T>(call.grads.grad_input, ctx, call.op);
+  if (w.input) zero_fill_cuda<T>(call.grads.grad_input, ctx, call.op);
   const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
   widen_weight<T>(call, buf.weight, ctx);
   T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;

@@ -11,6 +11,7 @@
 #include "atomic_add.cuh"
 #include "cuda_check.cuh"
 #include "gather_backward.cuh"
+#include "zero_fill.cuh"
 #include "internal/grid_sample_backend.h"
 #include "internal/scratch.h"
 
@@ -54,29 +55,8 @@ __global__ void enumerate_kernel(detail::GridSampleBackwardArgs<T> a, std::int64
   DETOPS_GRID_STRIDE(t, n) detail::grid_sample_enumerate_element(t, a, n0, sentinel, rec);
 }
 
-template <class T>
-__global__ void zero_kernel(T* p, GridSampleStrides st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::grid_sample_zero_element(i, p, st, C, H, W);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host helpers
-
-/// A dense view (contiguous NCHW or NHWC with no gaps) can be zeroed with one memset.
-bool is_dense(const TensorView& v) { return v.span_bytes() == v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype)); }
-
-template <class T>
-void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
-  const std::int64_t n = v.numel();
-  if (n == 0) return;
-  if (is_dense(v)) {
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(v.data, 0, static_cast<std::size_t>(n) * sizeof(T), stream_of(ctx)), op);
-    return;
-  }
-  zero_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<T*>(v.data), gs_strides(v), v.sizes[1],
-                                                             v.sizes[2], v.sizes[3], n);
-  check_launch("zero_kernel", op, ctx);
-}
 
 /// The exact mode's chunk: images per chunk, its records and its positions (the sentinel).
 struct ExactChunk {
@@ -160,7 +140,7 @@ void backward(const GridSampleCall& call, BackwardMode mode, const Context& ctx,
     using T = decltype(tag);
     const detail::GridSampleShape& s = call.shape;
     if (call.grad_input.defined() && call.grad_input.numel() > 0) {
-      zero_fill<T>(call.grad_input, ctx, call.op);
+      zero_fill_cuda<T>(call.grad_input, ctx, call.op);
       const std::int64_t n = call.grad_output.numel();
       if (n > 0 && mode == BackwardMode::kExact) {
         exact_backward<T>(call, ctx, ws);

@@ -1,15 +1,12 @@
 // CUDA backend of RoIAlign: thin __global__ wrappers around the per-thread bodies of
-// include/detops/detail/roi_align_kernels.h, plus the launch sequences (CUB radix sort, run-length
-// encode and scans for the exact mode). All work is enqueued on the caller's stream.
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_reduce.cuh>
-#include <cub/device/device_run_length_encode.cuh>
-#include <cub/device/device_scan.cuh>
-
+// include/detops/detail/roi_align_kernels.h, plus the launch sequences: the roi check, the scatter
+// modes and the backward's dispatch are RoIAlignRotated's too (cuda/roi_launch.cuh); the exact
+// mode's phases (the engine's CUB radix sort, run-length encode and scans, and RoIAlign's own slot
+// fields) are here. All work is enqueued on the caller's stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <limits>
+#include <algorithm>
 #include <type_traits>
 
 #include "atomic_add.cuh"
@@ -18,6 +15,7 @@
 #include "gather_backward.cuh"
 #include "internal/roi_align_backend.h"
 #include "internal/scratch.h"
+#include "roi_launch.cuh"
 
 namespace detops {
 namespace internal {
@@ -80,38 +78,8 @@ __global__ void truncated_gather_kernel(detail::GatherArgs<T> a, const std::int6
   DETOPS_GRID_STRIDE(t, *num_runs * a.shape.C) detail::roi_align_truncated_gather_element(t, a, channels_last, *num_runs);
 }
 
-/// Writes zero into every element of a strided 4-d tensor (gaps keep their bytes).
-template <class T>
-__global__ void fill_zero_kernel(T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::fill_zero_element(i, p, st, C, H, W);
-}
-
-template <class T>
-__global__ void cast_kernel(const double* buf, T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W,
-                            std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::roi_align_truncated_store_element(i, buf, p, st, C, H, W);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host helpers
-
-/// A dense view (contiguous NCHW or NHWC with no gaps) can be zeroed with one memset.
-bool is_dense(const TensorView& v) {
-  return v.span_bytes() == v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype));
-}
-
-template <class T>
-void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
-  const std::int64_t n = v.numel();
-  if (n == 0) return;
-  if (is_dense(v)) {
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(v.data, 0, static_cast<std::size_t>(n) * sizeof(T), stream_of(ctx)), op);
-    return;
-  }
-  fill_zero_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<T*>(v.data), strides4(v), v.sizes[1],
-                                                                   v.sizes[2], v.sizes[3], n);
-  check_launch("fill_zero_kernel", op, ctx);
-}
 
 /// The exact mode's device workspace, in one fixed order (used for sizing and for carving): the
 /// engine's arrays, RoIAlign's own slot fields (unsorted and sorted), and the per-roi counts and
@@ -127,14 +95,9 @@ struct ExactDeviceBuffers {
 
 std::uint64_t sentinel_of(const detail::RoiAlignShape& s) { return static_cast<std::uint64_t>(s.N * s.H * s.W); }
 
-/// CUB's temporary bytes: the engine's phase 2, and the scan of the per-roi counts.
-template <class A>
+/// CUB's temporary bytes: the engine's phase 2 over all rois' slots, and the scan of the counts.
 std::size_t cub_temp_bytes(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
-  std::size_t scan_rois = 0;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_rois, static_cast<const std::int64_t*>(nullptr),
-                                                  static_cast<std::int64_t*>(nullptr), s.K + 1),
-                    op);
-  return std::max(gather_cuda_temp_bytes(cap, sentinel_of(s), op), scan_rois);
+  return roi_exact_temp_bytes(s.K, cap, sentinel_of(s), op);
 }
 
 template <class A>
@@ -195,24 +158,21 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   cudaStream_t stream = stream_of(ctx);
   const std::int64_t cap = exact_slot_capacity(s, check);
   if (cap == 0 || s.K == 0) {
-    zero_fill<T>(call.features, ctx, op);
+    zero_fill_cuda<T>(call.features, ctx, op);
     return;
   }
-  const std::size_t temp_bytes = cub_temp_bytes<A>(s, cap, op);
+  const std::size_t temp_bytes = cub_temp_bytes(s, cap, op);
   WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes, truncated);
-  if (layout.bytes() > ws.bytes)
-    fail(ErrorCode::kInvalidArgument, "{}: workspace has {} bytes; the exact mode needs {} here", op, ws.bytes,
-         layout.bytes());
+  check_exact_workspace(op, truncated ? "truncated" : "exact", layout.bytes(), ws);
   ExactDeviceBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, truncated);
   const detail::RoiSource rois = roi_source(call.rois);
   const std::uint64_t sentinel = sentinel_of(s);
 
-  zero_fill<T>(call.features, ctx, op);
+  zero_fill_cuda<T>(call.features, ctx, op);
   // Phase 1: slot offsets per roi, then enumerate.
   count_kernel<A><<<grid_for(s.K + 1), kBlock, 0, stream>>>(rois, s, b.counts);
   check_launch("count_kernel", op, ctx);
-  std::size_t tb = temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(b.engine.temp, tb, b.counts, b.roi_offsets, s.K + 1, stream), op);
+  scan_roi_offsets(b.engine, b.counts, b.roi_offsets, s.K, ctx, op);
   init_slots_kernel<A><<<grid_for(cap), kBlock, 0, stream>>>(b.slots, cap, sentinel);
   check_launch("init_slots_kernel", op, ctx);
   detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
@@ -239,87 +199,42 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   }
 }
 
-template <class T>
-detail::BackwardArgs<T> backward_args(const RoiAlignCall& call, const Strides4& target) {
+/// The scatter modes' kernel over every grad_output element, adding into `target` (strides `ts`):
+/// grad_input (kAtomic) or the truncated mode's double buffer.
+template <class T, class Target>
+void launch_scatter(const RoiAlignCall& call, Target* target, const Strides4& ts, detail::GradRounding rounding,
+                    const Context& ctx) {
   detail::BackwardArgs<T> a{};
   a.grad_output = static_cast<const T*>(call.pooled.data);
   a.go = strides4(call.pooled);
   a.rois = roi_source(call.rois);
-  a.gi = target;
+  a.gi = ts;
   a.argmax = static_cast<const std::int32_t*>(call.argmax.data);
   a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};
   a.shape = call.shape;
   a.max_pool = call.max_pool;
   a.channels_last = channels_innermost(call.pooled);
-  return a;
+  const std::int64_t n = call.pooled.numel();
+  scatter_kernel<T, scatter_value_t<T, Target>, Target><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(a, n, target,
+                                                                                                    rounding);
+  check_launch("scatter_kernel", call.op, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
 RoiCheck check_rois(const RoiAlignCall& call, bool need_total, const Context& ctx) {
-  const char* op = call.op;
-  DeviceGuard guard(call.features.device.index, op);
-  cudaStream_t stream = stream_of(ctx);
+  DeviceGuard guard(call.features.device.index, call.op);
   const detail::RoiAlignShape& s = call.shape;
   const detail::RoiSource rois = roi_source(call.rois);
-  // A forward call only validates: no per-roi counts, no reduction (need_total is the backward's).
-  std::size_t reduce_bytes = 0;
-  if (need_total)
-    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, reduce_bytes, static_cast<const std::int64_t*>(nullptr),
-                                             static_cast<std::int64_t*>(nullptr), s.K),
-                      op);
-  WorkspaceLayout l;
-  l.add<unsigned long long>(1);
-  l.add<std::int64_t>(1);
-  l.add<std::int64_t>(need_total ? s.K : 0);
-  l.add_bytes(reduce_bytes);
-  const Scratch scratch(op, l.bytes(), call.features.device, ctx);
-  scratch.bind(l);
-  auto* first_bad = l.take<unsigned long long>();
-  auto* total = l.take<std::int64_t>();
-  std::int64_t* counts = l.take<std::int64_t>();
-  if (!need_total) counts = nullptr;  // check_kernel then only validates
-  void* temp = l.take<unsigned char>();
-
-  const unsigned long long none = static_cast<unsigned long long>(s.K);
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), op);
-  dispatch_floating(call.features.dtype, [&](auto tag) {
-    using A = acc_t<decltype(tag)>;
-    check_kernel<A><<<grid_for(s.K), kBlock, 0, stream>>>(rois, s, first_bad, counts);
+  const DeviceRoiCheck found = roi_check_cuda(
+      call.op, "check_kernel", call.features, call.rois, s.K, 5, need_total, false, ctx,
+      [&](auto a_tag, unsigned long long* first_bad, std::int64_t* counts, std::int64_t* /*per image: unused*/) {
+        check_kernel<decltype(a_tag)><<<grid_for(s.K), kBlock, 0, stream_of(ctx)>>>(rois, s, first_bad, counts);
+      });
+  return roi_check_from_device<RoiCheck>(found, 5, call.features.dtype, [&](auto a_tag, const double* row) {
+    return detail::make_roi_box<decltype(a_tag)>(row[0], row + 1, s);
   });
-  check_launch("check_kernel", op, ctx);
-  if (need_total) DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, reduce_bytes, counts, total, s.K, stream), op);
-  unsigned long long bad = none;
-  std::int64_t sum = 0;
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), op);
-  if (need_total)
-    DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
-  DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
-
-  RoiCheck check;
-  check.total_samples = sum;
-  if (bad < none) {
-    // Bring the offending row to the host and re-run the shared check there for the message.
-    check.bad_row = static_cast<std::int64_t>(bad);
-    const std::size_t es = dtype_size(call.rois.dtype);
-    alignas(8) unsigned char host_row[5 * 8];  // read back as float or double
-    for (int i = 0; i < 5; ++i) {
-      const auto* src = static_cast<const unsigned char*>(call.rois.data) +
-                        (check.bad_row * call.rois.strides[0] + i * call.rois.strides[1]) * es;
-      DETOPS_CUDA_CHECK(cudaMemcpyAsync(host_row + i * es, src, es, cudaMemcpyDeviceToHost, stream), op);
-    }
-    DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // an error path: a second wait is fine
-    detail::load_roi_row(host_row, call.rois.dtype, 1, 1, 0, check.row);
-    dispatch_floating(call.features.dtype, [&](auto tag) {
-      using A = acc_t<decltype(tag)>;
-      const detail::RoiBox<A> box = detail::make_roi_box<A>(check.row[0], check.row + 1, s);
-      check.status = box.status;
-      check.grid_h = box.grid_h;
-      check.grid_w = box.grid_w;
-    });
-  }
-  return check;
 }
 
 void forward(const RoiAlignCall& call, const Context& ctx) {
@@ -346,77 +261,28 @@ void forward(const RoiAlignCall& call, const Context& ctx) {
 std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const detail::RoiAlignShape& s = call.shape;
-  switch (mode) {
-    case BackwardMode::kAtomic: return 0;
-    case BackwardMode::kTruncated: {
-      if (call.features.dtype == DType::kFloat64) {  // the exact mode's phases, with divisors
-        const std::int64_t cap = exact_slot_capacity(s, check);
-        return exact_device_layout<double>(s, cap, cub_temp_bytes<double>(s, cap, call.op), true).bytes();
-      }
-      WorkspaceLayout l;
-      l.add<double>(s.N * s.C * s.H * s.W);
-      return l.bytes();
-    }
-    case BackwardMode::kExact:
-      return dispatch_floating(call.features.dtype, [&](auto tag) {
-        using A = acc_t<decltype(tag)>;
-        const std::int64_t cap = exact_slot_capacity(s, check);
-        return exact_device_layout<A>(s, cap, cub_temp_bytes<A>(s, cap, call.op), false).bytes();
-      });
-  }
-  return 0;
+  const std::int64_t cap = exact_slot_capacity(s, check);
+  return roi_backward_workspace_cuda(call.features.dtype, mode, s, [&](auto a_tag, bool with_divisors) {
+    using A = decltype(a_tag);
+    return exact_device_layout<A>(s, cap, cub_temp_bytes(s, cap, call.op), with_divisors).bytes();
+  });
 }
 
 void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt, const Context& ctx,
               Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
-  dispatch_floating(call.features.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const detail::RoiAlignShape& s = call.shape;
-    cudaStream_t stream = stream_of(ctx);
-    const std::int64_t n = call.pooled.numel();
-    switch (opt.mode) {
-      case BackwardMode::kAtomic: {
-        zero_fill<T>(call.features, ctx, call.op);
-        if (n == 0) break;
-        auto a = backward_args<T>(call, strides4(call.features));
-        scatter_kernel<T, acc_t<T>, T><<<grid_for(n), kBlock, 0, stream>>>(a, n, static_cast<T*>(call.features.data),
-                                                                            detail::GradRounding::kNone);
-        check_launch("scatter_kernel", call.op, ctx);
-        break;
-      }
-      case BackwardMode::kTruncated: {
-        if constexpr (std::is_same_v<T, double>) {
-          // Double atomics would leave the scheduling order in the result: the CPU's order instead.
-          exact_backward<T>(call, check, ctx, ws, grad_rounding(opt));
-          break;
-        }
-        const std::int64_t total = s.N * s.C * s.H * s.W;
-        if (s.K == 0) {  // no workspace was sized: nothing to accumulate
-          zero_fill<T>(call.features, ctx, call.op);
-          break;
-        }
-        auto* buf = static_cast<double*>(ws.data);
-        DETOPS_CUDA_CHECK(cudaMemsetAsync(buf, 0, static_cast<std::size_t>(total) * sizeof(double), stream), call.op);
-        if (n > 0) {
-          auto a = backward_args<T>(call, Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1});
-          scatter_kernel<T, double, double><<<grid_for(n), kBlock, 0, stream>>>(a, n, buf, grad_rounding(opt));
-          check_launch("scatter_kernel", call.op, ctx);
-        }
-        cast_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(buf, static_cast<T*>(call.features.data),
-                                                               strides4(call.features), s.C, s.H, s.W, total);
-        check_launch("cast_kernel", call.op, ctx);
-        break;
-      }
-      case BackwardMode::kExact:
-        exact_backward<T>(call, check, ctx, ws);
-        break;
-    }
-  });
+  roi_backward_cuda(
+      call.features, call.shape, call.pooled.numel(), opt, ws, ctx, call.op,
+      [&](auto t_tag, auto* target, const Strides4& ts, detail::GradRounding rounding) {
+        launch_scatter<decltype(t_tag)>(call, target, ts, rounding, ctx);
+      },
+      [&](auto t_tag, detail::GradRounding rounding) {
+        exact_backward<decltype(t_tag)>(call, check, ctx, ws, rounding);
+      });
 }
 
 bool uses_slots(const RoiAlignCall& call, BackwardMode mode) {
-  return mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && call.features.dtype == DType::kFloat64);
+  return roi_backward_enumerates(call.features.dtype, mode);
 }
 
 }  // namespace

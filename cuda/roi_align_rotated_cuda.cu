@@ -1,11 +1,9 @@
 // CUDA backend of RoIAlignRotated: one-line __global__ wrappers around the per-thread bodies of
-// include/detops/detail/roi_align_rotated_kernels.h, and the launch sequences: atomic adds as
-// RoIAlign's, the truncated mode's double accumulator, and the gather-backward engine
-// (cuda/gather_backward.cuh) for the exact mode and the float64 truncated mode. All work is
-// enqueued on the caller's stream.
-#include <cub/device/device_reduce.cuh>
-#include <cub/device/device_scan.cuh>
-
+// include/detops/detail/roi_align_rotated_kernels.h, and the launch sequences: the roi check, the
+// scatter modes (atomic adds; the truncated mode's double accumulator) and the backward's dispatch
+// are RoIAlign's (cuda/roi_launch.cuh); the exact mode and the float64 truncated mode run the
+// gather-backward engine (cuda/gather_backward.cuh) one chunk of whole images at a time. All work
+// is enqueued on the caller's stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -18,6 +16,7 @@
 #include "gather_backward.cuh"
 #include "internal/roi_align_rotated_backend.h"
 #include "internal/scratch.h"
+#include "roi_launch.cuh"
 
 namespace detops {
 namespace internal {
@@ -46,17 +45,22 @@ __global__ void rotated_scatter_kernel(detail::RotatedBackwardArgs<T> a, std::in
 
 template <class A>
 __global__ void rotated_check_kernel(detail::RoiSource rois, Shape s, unsigned long long* first_bad,
-                                     std::int64_t* counts) {
+                                     std::int64_t* counts, std::int64_t* image_samples) {
   DETOPS_GRID_STRIDE(k, s.K) {
-    detail::roi_align_rotated_check_element<A>(k, rois, s, counts, [first_bad](std::int64_t bad) {
-      atomicMin(first_bad, static_cast<unsigned long long>(bad));  // integer min: order-independent
-    });
+    detail::roi_align_rotated_check_element<A>(
+        k, rois, s, counts,
+        [first_bad](std::int64_t bad) {
+          atomicMin(first_bad, static_cast<unsigned long long>(bad));  // integer min: order-independent
+        },
+        [image_samples](std::int64_t n, std::int64_t samples) {  // integer sums: order-independent
+          atomicAdd(reinterpret_cast<unsigned long long*>(image_samples + n), static_cast<unsigned long long>(samples));
+        });
   }
 }
 
 template <class A>
-__global__ void rotated_count_kernel(detail::RoiSource rois, Shape s, std::int64_t* counts) {
-  DETOPS_GRID_STRIDE(k, s.K + 1) detail::roi_align_rotated_count_element<A>(k, rois, s, counts);
+__global__ void rotated_count_kernel(detail::RoiSource rois, Shape s, detail::ImageRange images, std::int64_t* counts) {
+  DETOPS_GRID_STRIDE(k, s.K + 1) detail::roi_align_rotated_count_element<A>(k, rois, s, images, counts);
 }
 
 template <class A>
@@ -74,64 +78,32 @@ __global__ void rotated_truncated_gather_kernel(detail::RotatedTruncatedArgs a, 
   DETOPS_GRID_STRIDE(t, *num_runs * a.sum.C) detail::roi_align_rotated_truncated_gather_element(t, a, channels_last, *num_runs);
 }
 
-template <class T>
-__global__ void rotated_fill_zero_kernel(T* p, Strides4 st, std::int64_t C, std::int64_t H, std::int64_t W,
-                                         std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::fill_zero_element(i, p, st, C, H, W);
-}
-
-template <class T>
-__global__ void rotated_cast_kernel(const double* buf, T* p, Strides4 st, std::int64_t C, std::int64_t H,
-                                    std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::roi_align_truncated_store_element(i, buf, p, st, C, H, W);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host helpers
 
-bool is_dense(const TensorView& v) {
-  return v.span_bytes() == v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype));
-}
-
-template <class T>
-void zero_fill(const TensorView& v, const Context& ctx, const char* op) {
-  const std::int64_t n = v.numel();
-  if (n == 0) return;
-  if (is_dense(v)) {
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(v.data, 0, static_cast<std::size_t>(n) * sizeof(T), stream_of(ctx)), op);
-    return;
-  }
-  rotated_fill_zero_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<T*>(v.data), strides4(v),
-                                                                           v.sizes[1], v.sizes[2], v.sizes[3], n);
-  check_launch("rotated_fill_zero_kernel", op, ctx);
-}
-
-std::uint64_t sentinel_of(const Shape& s) { return static_cast<std::uint64_t>(s.N * s.H * s.W); }
-
-/// CUB's temporary bytes: the engine's phase 2, and the scan of the per-roi counts.
-std::size_t cub_temp_bytes(const Shape& s, std::int64_t cap, const char* op) {
-  std::size_t scan_rois = 0;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_rois, static_cast<const std::int64_t*>(nullptr),
-                                                  static_cast<std::int64_t*>(nullptr), s.K + 1),
-                    op);
-  return std::max(gather_cuda_temp_bytes(cap, sentinel_of(s), op), scan_rois);
-}
-
-/// The engine's arrays, the per-roi counts and offsets, and (float64 truncated) the divisors
-/// unsorted and sorted, in one fixed order for sizing and carving.
+/// The exact mode's arrays for one chunk (rotated_exact_chunks): the engine's, the per-roi counts
+/// and offsets, and (float64 truncated) the divisors unsorted and sorted, in one fixed order for
+/// sizing and carving.
 template <class A>
-WorkspaceLayout exact_device_layout(const Shape& s, std::int64_t cap, std::size_t temp_bytes, bool with_divisors) {
+WorkspaceLayout exact_device_layout(const Shape& s, const RotatedExactChunks& ch, std::size_t temp_bytes,
+                                    bool with_divisors) {
   WorkspaceLayout l;
-  add_gather_cuda<A>(l, cap, temp_bytes);
+  add_gather_cuda<A>(l, ch.records, temp_bytes);
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(s.K + 1);
-  l.add<double>(with_divisors ? cap : 0);
-  l.add<double>(with_divisors ? cap : 0);
+  l.add<double>(with_divisors ? ch.records : 0);
+  l.add<double>(with_divisors ? ch.records : 0);
   return l;
 }
 
+std::size_t exact_temp_bytes(const Shape& s, const RotatedExactChunks& ch, const char* op) {
+  return roi_exact_temp_bytes(s.K, ch.records, static_cast<std::uint64_t>(ch.positions), op);
+}
+
 /// The exact mode; with `rounding` (float64 only) the truncated mode, which runs the same phases
-/// with divisors and sums the scatter's contributions in the CPU's order.
+/// with divisors and sums the scatter's contributions in the CPU's order. One chunk of whole
+/// images at a time: each sorts the chunk's capacity of records (those its rois leave keep the
+/// sentinel and sort last), so nothing waits for the device.
 template <class T>
 void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const Context& ctx, Workspace ws,
                     detail::GradRounding rounding = detail::GradRounding::kNone) {
@@ -140,14 +112,13 @@ void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& chec
   const Shape& s = call.shape;
   const char* op = call.op;
   cudaStream_t stream = stream_of(ctx);
-  const std::int64_t cap = rotated_record_capacity(s, check);
-  zero_fill<T>(call.features, ctx, op);
+  const RotatedExactChunks ch = rotated_exact_chunks(s, check);
+  const std::int64_t cap = ch.records;
+  zero_fill_cuda<T>(call.features, ctx, op);
   if (cap == 0 || s.K == 0) return;
-  const std::size_t temp_bytes = cub_temp_bytes(s, cap, op);
-  WorkspaceLayout layout = exact_device_layout<A>(s, cap, temp_bytes, truncated);
-  if (layout.bytes() > ws.bytes)
-    fail(ErrorCode::kInvalidArgument, "{}: workspace has {} bytes; the {} mode needs {} here", op, ws.bytes,
-         truncated ? "truncated" : "exact", layout.bytes());
+  const std::size_t temp_bytes = exact_temp_bytes(s, ch, op);
+  WorkspaceLayout layout = exact_device_layout<A>(s, ch, temp_bytes, truncated);
+  check_exact_workspace(op, truncated ? "truncated" : "exact", layout.bytes(), ws);
   layout.bind(ws.data);
   const GatherCudaBuffers<A> g = take_gather_cuda<A>(layout, temp_bytes);
   std::int64_t* counts = layout.take<std::int64_t>();
@@ -155,120 +126,85 @@ void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& chec
   double* divisors = layout.take<double>();
   double* sorted_divisors = layout.take<double>();
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = sentinel_of(s);
-
-  // Phase 1: record offsets per roi, every record set to the sentinel, then enumerate.
-  rotated_count_kernel<A><<<grid_for(s.K + 1), kBlock, 0, stream>>>(rois, s, counts);
-  check_launch("rotated_count_kernel", op, ctx);
-  std::size_t tb = temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(g.temp, tb, counts, roi_offsets, s.K + 1, stream), op);
-  gather_init_cuda(g, cap, sentinel, ctx, op);
-  if (truncated)  // records left at the sentinel keep a defined divisor (never read)
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(divisors, 0, static_cast<std::size_t>(cap) * sizeof(double), stream), op);
-  const detail::RotatedEnumerateArgs<A> ea{rois, roi_offsets, s, strides4(call.pooled), g.records,
-                                           truncated ? divisors : nullptr};
-  rotated_enumerate_kernel<A><<<grid_for(s.K * s.PH * s.PW), kBlock, 0, stream>>>(ea, s.K * s.PH * s.PW);
-  check_launch("rotated_enumerate_kernel", op, ctx);
-
-  // Phase 2: the engine's stable radix sort by position, permutation and runs.
-  const detail::GatherSorted<A> sorted = gather_sort_cuda(g, cap, sentinel, ctx, op);
-
-  // Phase 3: one fixed-order sum per (run, channel).
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(ch.positions);
   const bool channels_last = channels_innermost(call.features);
-  const std::int64_t max_runs = std::min(cap, s.N * s.H * s.W + 1);
-  const auto args = detail::rotated_gather_sum_args<T>(sorted, static_cast<const T*>(call.pooled.data),
-                                                       call.pooled.strides[1], static_cast<T*>(call.features.data),
-                                                       call.features.strides[1], s);
-  const detail::RoiGatherTarget target{strides4(call.features), s.H, s.W};
-  if constexpr (std::is_same_v<T, double>) {
-    if (truncated) {
-      rotated_permute_divisor_kernel<<<grid_for(cap), kBlock, 0, stream>>>(g.sorted_ids, divisors, sorted_divisors,
-                                                                           cap);
-      check_launch("rotated_permute_divisor_kernel", op, ctx);
-      const detail::RotatedTruncatedArgs ta{args, sorted_divisors, target, rounding};
-      rotated_truncated_gather_kernel<<<grid_for(max_runs * s.C), kBlock, 0, stream>>>(ta, g.num_runs, channels_last);
-      check_launch("rotated_truncated_gather_kernel", op, ctx);
-      return;
+  const std::int64_t max_runs = std::min(cap, ch.positions + 1);
+  const detail::Strides4 gi = strides4(call.features);
+  T* grad_input = static_cast<T*>(call.features.data);
+
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += ch.images) {
+    const detail::ImageRange images{n0, std::min(s.N, n0 + ch.images)};
+    // Phase 1: record offsets per roi of the chunk, every record set to the sentinel, then
+    // enumerate (the chunk's rois only).
+    rotated_count_kernel<A><<<grid_for(s.K + 1), kBlock, 0, stream>>>(rois, s, images, counts);
+    check_launch("rotated_count_kernel", op, ctx);
+    scan_roi_offsets(g, counts, roi_offsets, s.K, ctx, op);
+    gather_init_cuda(g, cap, sentinel, ctx, op);
+    if (truncated)  // records left at the sentinel keep a defined divisor (never read)
+      DETOPS_CUDA_CHECK(cudaMemsetAsync(divisors, 0, static_cast<std::size_t>(cap) * sizeof(double), stream), op);
+    const detail::RotatedEnumerateArgs<A> ea{rois,      roi_offsets, s, strides4(call.pooled), g.records,
+                                             images, truncated ? divisors : nullptr};
+    rotated_enumerate_kernel<A><<<grid_for(s.K * s.PH * s.PW), kBlock, 0, stream>>>(ea, s.K * s.PH * s.PW);
+    check_launch("rotated_enumerate_kernel", op, ctx);
+
+    // Phase 2: the engine's stable radix sort by position, permutation and runs.
+    const detail::GatherSorted<A> sorted = gather_sort_cuda(g, cap, sentinel, ctx, op);
+
+    // Phase 3: one fixed-order sum per (run, channel) of the chunk's images.
+    const auto args = detail::rotated_gather_sum_args<T>(sorted, static_cast<const T*>(call.pooled.data),
+                                                         call.pooled.strides[1], grad_input + n0 * gi.s0, gi.s1, s.C,
+                                                         sentinel);
+    const detail::RoiGatherTarget target{gi, s.H, s.W};
+    if constexpr (std::is_same_v<T, double>) {
+      if (truncated) {
+        rotated_permute_divisor_kernel<<<grid_for(cap), kBlock, 0, stream>>>(g.sorted_ids, divisors, sorted_divisors,
+                                                                             cap);
+        check_launch("rotated_permute_divisor_kernel", op, ctx);
+        const detail::RotatedTruncatedArgs ta{args, sorted_divisors, target, rounding};
+        rotated_truncated_gather_kernel<<<grid_for(max_runs * s.C), kBlock, 0, stream>>>(ta, g.num_runs, channels_last);
+        check_launch("rotated_truncated_gather_kernel", op, ctx);
+        continue;
+      }
     }
+    gather_sum_cuda(args, g.num_runs, max_runs, channels_last, target, ctx, op);
   }
-  gather_sum_cuda(args, g.num_runs, max_runs, channels_last, target, ctx, op);
 }
 
-template <class T>
-detail::RotatedBackwardArgs<T> backward_args(const RoiAlignRotatedCall& call, const Strides4& target) {
+/// The scatter modes' kernel over every grad_output element, adding into `target` (strides `ts`):
+/// grad_input (kAtomic) or the truncated mode's double buffer.
+template <class T, class Target>
+void launch_scatter(const RoiAlignRotatedCall& call, Target* target, const Strides4& ts, detail::GradRounding rounding,
+                    const Context& ctx) {
   detail::RotatedBackwardArgs<T> a{};
   a.grad_output = static_cast<const T*>(call.pooled.data);
   a.go = strides4(call.pooled);
   a.rois = roi_source(call.rois);
-  a.gi = target;
+  a.gi = ts;
   a.shape = call.shape;
   a.channels_last = channels_innermost(call.pooled);
-  return a;
+  const std::int64_t n = call.pooled.numel();
+  rotated_scatter_kernel<T, scatter_value_t<T, Target>, Target><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(
+      a, n, target, rounding);
+  check_launch("rotated_scatter_kernel", call.op, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
 RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context& ctx) {
-  const char* op = call.op;
-  DeviceGuard guard(call.features.device.index, op);
-  cudaStream_t stream = stream_of(ctx);
+  DeviceGuard guard(call.features.device.index, call.op);
   const Shape& s = call.shape;
   const detail::RoiSource rois = roi_source(call.rois);
-  std::size_t reduce_bytes = 0;
-  if (need_total)
-    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, reduce_bytes, static_cast<const std::int64_t*>(nullptr),
-                                             static_cast<std::int64_t*>(nullptr), s.K),
-                      op);
-  WorkspaceLayout l;
-  l.add<unsigned long long>(1);
-  l.add<std::int64_t>(1);
-  l.add<std::int64_t>(need_total ? s.K : 0);
-  l.add_bytes(reduce_bytes);
-  const Scratch scratch(op, l.bytes(), call.features.device, ctx);
-  scratch.bind(l);
-  auto* first_bad = l.take<unsigned long long>();
-  auto* total = l.take<std::int64_t>();
-  std::int64_t* counts = l.take<std::int64_t>();
-  if (!need_total) counts = nullptr;  // the check kernel then only validates
-  void* temp = l.take<unsigned char>();
-
-  const unsigned long long none = static_cast<unsigned long long>(s.K);
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), op);
-  dispatch_floating(call.features.dtype, [&](auto tag) {
-    using A = acc_t<decltype(tag)>;
-    rotated_check_kernel<A><<<grid_for(s.K), kBlock, 0, stream>>>(rois, s, first_bad, counts);
-  });
-  check_launch("rotated_check_kernel", op, ctx);
-  if (need_total) DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, reduce_bytes, counts, total, s.K, stream), op);
-  unsigned long long bad = none;
-  std::int64_t sum = 0;
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), op);
-  if (need_total) DETOPS_CUDA_CHECK(cudaMemcpyAsync(&sum, total, sizeof(sum), cudaMemcpyDeviceToHost, stream), op);
-  DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
-
-  RotatedRoiCheck check;
-  check.total_samples = sum;
-  if (bad < none) {
-    // Bring the offending row to the host and re-run the shared check there for the message.
-    check.bad_row = static_cast<std::int64_t>(bad);
-    const std::size_t es = dtype_size(call.rois.dtype);
-    alignas(8) unsigned char host_row[detail::kRotatedRoiColumns * 8];
-    for (int i = 0; i < detail::kRotatedRoiColumns; ++i) {
-      const auto* src = static_cast<const unsigned char*>(call.rois.data) +
-                        (check.bad_row * call.rois.strides[0] + i * call.rois.strides[1]) * es;
-      DETOPS_CUDA_CHECK(cudaMemcpyAsync(host_row + i * es, src, es, cudaMemcpyDeviceToHost, stream), op);
-    }
-    DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // an error path: a second wait is fine
-    detail::load_roi_row(host_row, call.rois.dtype, 1, 1, 0, check.row, detail::kRotatedRoiColumns);
-    dispatch_floating(call.features.dtype, [&](auto tag) {
-      using A = acc_t<decltype(tag)>;
-      const detail::RotatedBox<A> box = detail::make_rotated_box<A>(check.row[0], check.row + 1, s);
-      check.status = box.status;
-      check.grid_h = box.grid_h;
-      check.grid_w = box.grid_w;
-    });
-  }
+  const DeviceRoiCheck found = roi_check_cuda(
+      call.op, "rotated_check_kernel", call.features, call.rois, s.K, detail::kRotatedRoiColumns, need_total, true,
+      ctx, [&](auto a_tag, unsigned long long* first_bad, std::int64_t* counts, std::int64_t* image_samples) {
+        rotated_check_kernel<decltype(a_tag)><<<grid_for(s.K), kBlock, 0, stream_of(ctx)>>>(rois, s, first_bad, counts,
+                                                                                            image_samples);
+      });
+  RotatedRoiCheck check = roi_check_from_device<RotatedRoiCheck>(
+      found, detail::kRotatedRoiColumns, call.features.dtype,
+      [&](auto a_tag, const double* row) { return detail::make_rotated_box<decltype(a_tag)>(row[0], row + 1, s); });
+  if (need_total) check.max_image_samples = found.max_image_samples;
   return check;
 }
 
@@ -293,74 +229,28 @@ void forward(const RoiAlignRotatedCall& call, const Context& ctx) {
 std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, BackwardMode mode) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const Shape& s = call.shape;
-  const std::int64_t cap = rotated_record_capacity(s, check);
-  switch (mode) {
-    case BackwardMode::kAtomic: return 0;
-    case BackwardMode::kTruncated: {
-      if (call.features.dtype == DType::kFloat64)  // the exact mode's phases, with divisors
-        return exact_device_layout<double>(s, cap, cub_temp_bytes(s, cap, call.op), true).bytes();
-      WorkspaceLayout l;
-      l.add<double>(s.N * s.C * s.H * s.W);
-      return l.bytes();
-    }
-    case BackwardMode::kExact:
-      return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_device_layout<acc_t<decltype(tag)>>(s, cap, cub_temp_bytes(s, cap, call.op), false).bytes();
-      });
-  }
-  return 0;
+  const RotatedExactChunks ch = rotated_exact_chunks(s, check);
+  return roi_backward_workspace_cuda(call.features.dtype, mode, s, [&](auto a_tag, bool with_divisors) {
+    using A = decltype(a_tag);
+    return exact_device_layout<A>(s, ch, exact_temp_bytes(s, ch, call.op), with_divisors).bytes();
+  });
 }
 
 void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const RoiAlignBackwardOptions& opt,
               const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
-  dispatch_floating(call.features.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const Shape& s = call.shape;
-    cudaStream_t stream = stream_of(ctx);
-    const std::int64_t n = call.pooled.numel();
-    switch (opt.mode) {
-      case BackwardMode::kAtomic: {
-        zero_fill<T>(call.features, ctx, call.op);
-        if (n == 0) break;
-        const auto a = backward_args<T>(call, strides4(call.features));
-        rotated_scatter_kernel<T, acc_t<T>, T><<<grid_for(n), kBlock, 0, stream>>>(
-            a, n, static_cast<T*>(call.features.data), detail::GradRounding::kNone);
-        check_launch("rotated_scatter_kernel", call.op, ctx);
-        break;
-      }
-      case BackwardMode::kTruncated: {
-        if constexpr (std::is_same_v<T, double>) {
-          // Double atomics would leave the scheduling order in the result: the CPU's order instead.
-          exact_backward<T>(call, check, ctx, ws, grad_rounding(opt));
-          break;
-        }
-        const std::int64_t total = s.N * s.C * s.H * s.W;
-        if (s.K == 0) {  // no workspace was sized: nothing to accumulate
-          zero_fill<T>(call.features, ctx, call.op);
-          break;
-        }
-        auto* buf = static_cast<double*>(ws.data);
-        DETOPS_CUDA_CHECK(cudaMemsetAsync(buf, 0, static_cast<std::size_t>(total) * sizeof(double), stream), call.op);
-        if (n > 0) {
-          const auto a = backward_args<T>(call, Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1});
-          rotated_scatter_kernel<T, double, double><<<grid_for(n), kBlock, 0, stream>>>(a, n, buf, grad_rounding(opt));
-          check_launch("rotated_scatter_kernel", call.op, ctx);
-        }
-        rotated_cast_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(buf, static_cast<T*>(call.features.data),
-                                                                       strides4(call.features), s.C, s.H, s.W, total);
-        check_launch("rotated_cast_kernel", call.op, ctx);
-        break;
-      }
-      case BackwardMode::kExact:
-        exact_backward<T>(call, check, ctx, ws);
-        break;
-    }
-  });
+  roi_backward_cuda(
+      call.features, call.shape, call.pooled.numel(), opt, ws, ctx, call.op,
+      [&](auto t_tag, auto* target, const Strides4& ts, detail::GradRounding rounding) {
+        launch_scatter<decltype(t_tag)>(call, target, ts, rounding, ctx);
+      },
+      [&](auto t_tag, detail::GradRounding rounding) {
+        exact_backward<decltype(t_tag)>(call, check, ctx, ws, rounding);
+      });
 }
 
 bool uses_records(const RoiAlignRotatedCall& call, BackwardMode mode) {
-  return mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && call.features.dtype == DType::kFloat64);
+  return roi_backward_enumerates(call.features.dtype, mode);
 }
 
 }  // namespace

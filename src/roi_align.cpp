@@ -2,16 +2,12 @@
 // written), then hand a RoiAlignCall to the CPU or CUDA backend.
 #include "detops/roi_align.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <initializer_list>
-#include <numeric>
 
 #include "internal/backend.h"
 #include "internal/common.h"
 #include "internal/roi_align_backend.h"
-#include "internal/scratch.h"
+#include "internal/roi_front_end.h"
 #include "internal/validate.h"
 
 namespace detops {
@@ -29,12 +25,6 @@ const char* to_string(PoolMode mode) { return mode == PoolMode::kMax ? "max" : "
 namespace {
 
 using internal::fail;
-constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
-
-using internal::check_same_device;
-using internal::check_tensor;
-using internal::is_floating;
-using internal::sizes_str;
 
 constexpr internal::OpBackends<internal::RoiAlignBackend> kBackends{
     &internal::kRoiAlignCpu, DETOPS_CUDA_BACKEND(internal::kRoiAlignCuda)};
@@ -43,73 +33,22 @@ const internal::RoiAlignBackend& backend(const internal::RoiAlignCall& call) {
   return internal::backend_for(kBackends, call.features.device, call.op);
 }
 
-void check_options(const char* op, const RoiAlignOptions& o) {
-  if (o.pooled_height <= 0 || o.pooled_width <= 0)
-    fail(kBad, "{}: pooled size is {}x{}; expected pooled_height and pooled_width > 0", op, o.pooled_height,
-         o.pooled_width);
-  if (!(std::isfinite(o.spatial_scale) && o.spatial_scale > 0))
-    fail(kBad, "{}: spatial_scale is {}; expected a finite value > 0", op, o.spatial_scale);
-  constexpr std::int64_t kMaxSamplesLimit = std::int64_t{1} << 40;  // keeps every product below 2^63
-  if (o.max_samples_per_roi <= 0 || o.max_samples_per_roi > kMaxSamplesLimit)
-    fail(kBad, "{}: max_samples_per_roi is {}; expected a value in [1, 2^40]", op, o.max_samples_per_roi);
-  if (o.sampling_ratio > 0) {
-    const double per_roi = static_cast<double>(o.sampling_ratio) * static_cast<double>(o.sampling_ratio) *
-                           static_cast<double>(o.pooled_height) * static_cast<double>(o.pooled_width);
-    if (per_roi > static_cast<double>(o.max_samples_per_roi))
-      fail(kBad, "{}: sampling_ratio {} with pooled size {}x{} takes {} samples per roi; expected at most "
-           "max_samples_per_roi = {}", op, o.sampling_ratio, o.pooled_height, o.pooled_width, per_roi,
-           o.max_samples_per_roi);
-  }
-}
-
-/// Checks rois (rank, columns, dtype, device) against the features' dtype and device.
-void check_rois_tensor(const char* op, const TensorView& rois, const TensorView& features, const char* fname) {
-  check_tensor(op, "rois", rois, 2);
-  if (rois.sizes[1] != 5) fail(kBad, "{}: rois has sizes {}; expected [K, 5] rows (batch_index, x1, y1, x2, y2)", op, sizes_str(rois));
-  const bool ok_dtype = rois.dtype == features.dtype || rois.dtype == DType::kFloat32 || rois.dtype == DType::kFloat64;
-  if (!ok_dtype || !is_floating(rois.dtype))
-    fail(kBad, "{}: rois has dtype {}; expected {} (the dtype of {}), float32 or float64", op, dtype_name(rois.dtype),
-         dtype_name(features.dtype), fname);
-  check_same_device(op, "rois", rois, fname, features);
-}
-
-void check_pooled(const char* op, const char* name, const TensorView& v, std::int64_t K, std::int64_t C,
-                  const RoiAlignOptions& o, DType dtype, const TensorView& ref, const char* ref_name) {
-  check_tensor(op, name, v, 4);
-  if (v.sizes[0] != K || v.sizes[1] != C || v.sizes[2] != o.pooled_height || v.sizes[3] != o.pooled_width)
-    fail(kBad, "{}: {} has sizes {}; expected [K, C, PH, PW] = [{}, {}, {}, {}]", op, name, sizes_str(v), K, C,
-         o.pooled_height, o.pooled_width);
-  if (v.dtype != dtype)
-    fail(kBad, "{}: {} has dtype {}; expected {}", op, name, dtype_name(v.dtype), dtype_name(dtype));
-  check_same_device(op, name, v, ref_name, ref);
-}
+constexpr const char* kRoiRow = "(batch_index, x1, y1, x2, y2)";
 
 void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOptions& o, const TensorView& pooled,
                   const char* pooled_name, bool required = true) {
   if (!required && !argmax.defined()) return;  // the workspace query does not read argmax
   if (o.pool_mode != PoolMode::kMax) {
     if (argmax.defined())
-      fail(kBad, "{}: argmax was given with pool_mode avg; expected no argmax (it is only used by max pooling)", op);
+      fail(ErrorCode::kInvalidArgument,
+           "{}: argmax was given with pool_mode avg; expected no argmax (it is only used by max pooling)", op);
     return;
   }
-  if (!argmax.defined()) fail(kBad, "{}: pool_mode max needs argmax (int32, sizes of {}); none was given", op, pooled_name);
-  check_pooled(op, "argmax", argmax, pooled.sizes[0], pooled.sizes[1], o, DType::kInt32, pooled, pooled_name);
-}
-
-detail::RoiAlignShape make_shape(const TensorView& features, std::int64_t K, const RoiAlignOptions& o) {
-  detail::RoiAlignShape s{};
-  s.N = features.sizes[0];
-  s.C = features.sizes[1];
-  s.H = features.sizes[2];
-  s.W = features.sizes[3];
-  s.K = K;
-  s.PH = o.pooled_height;
-  s.PW = o.pooled_width;
-  s.spatial_scale = o.spatial_scale;
-  s.sampling_ratio = o.sampling_ratio;
-  s.aligned = o.aligned;
-  s.max_samples_per_roi = o.max_samples_per_roi;
-  return s;
+  if (!argmax.defined())
+    fail(ErrorCode::kInvalidArgument, "{}: pool_mode max needs argmax (int32, sizes of {}); none was given", op,
+         pooled_name);
+  internal::check_pooled(op, "argmax", argmax, pooled.sizes[0], pooled.sizes[1], o, DType::kInt32, pooled,
+                         pooled_name);
 }
 
 /// Turns a failed roi check into the documented error.
@@ -120,14 +59,15 @@ void raise_roi_error(const char* op, const internal::RoiCheck& c, const detail::
     case RoiStatus::kOk: return;
     case RoiStatus::kBatchIndexNotFinite:
     case RoiStatus::kBatchIndexNotInteger:
-    case RoiStatus::kBatchIndexOutOfRange:
-      fail(kBad, "{}: rois[{}] has batch index {}; expected an integer in [0, {})", op, c.bad_row, r[0], s.N);
+    case RoiStatus::kBatchIndexOutOfRange: internal::raise_bad_batch_index(op, c.bad_row, r[0], s.N);
     case RoiStatus::kCoordinateNotFinite:
-      fail(kBad, "{}: rois[{}] has coordinates (x1, y1, x2, y2) = ({}, {}, {}, {}); expected finite values", op,
-           c.bad_row, r[1], r[2], r[3], r[4]);
+      fail(ErrorCode::kInvalidArgument,
+           "{}: rois[{}] has coordinates (x1, y1, x2, y2) = ({}, {}, {}, {}); expected finite values", op, c.bad_row,
+           r[1], r[2], r[3], r[4]);
     case RoiStatus::kGeometryNotFinite:
-      fail(kBad, "{}: rois[{}] = ({}, {}, {}, {}) scaled by spatial_scale {} overflows the accumulation type; expected "
-           "coordinates within its range", op, c.bad_row, r[1], r[2], r[3], r[4], s.spatial_scale);
+      fail(ErrorCode::kInvalidArgument, "{}: rois[{}] = ({}, {}, {}, {}) scaled by spatial_scale {} overflows the "
+           "accumulation type; expected coordinates within its range", op, c.bad_row, r[1], r[2], r[3], r[4],
+           s.spatial_scale);
     case RoiStatus::kTooManySamples:
       fail(ErrorCode::kOutOfMemory,
            "{}: rois[{}] = ({}, {}, {}, {}) needs an adaptive grid of {}x{} samples per bin ({} bins); expected at most "
@@ -139,35 +79,27 @@ void raise_roi_error(const char* op, const internal::RoiCheck& c, const detail::
 
 internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const RoiAlignOptions& o, bool need_total,
                                      const Context& ctx) {
-  internal::RoiCheck check;
-  if (call.shape.K == 0) {
-    check.total_samples = 0;
-    return check;
-  }
-  if (!o.check_rois && !need_total) return check;
-  check = backend(call).check_rois(call, need_total, ctx);
-  if (o.check_rois) raise_roi_error(call.op, check, call.shape);
-  return check;
+  return internal::check_roi_values<internal::RoiCheck>(
+      call.shape.K, o.check_rois, need_total, [&] { return backend(call).check_rois(call, need_total, ctx); },
+      [&](const internal::RoiCheck& c) { raise_roi_error(call.op, c, call.shape); });
 }
 
 internal::RoiAlignCall validate_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
                                         const RoiAlignOptions& o, const TensorView& argmax) {
   const char* op = "roi_align_forward";
-  check_options(op, o);
-  check_tensor(op, "input", input, 4);
+  internal::check_pooling_options(op, o);
+  internal::check_tensor(op, "input", input, 4);
   internal::check_floating(op, "input", input);
-  check_rois_tensor(op, rois, input, "input");
-  check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
+  internal::check_rois_tensor(op, rois, 5, kRoiRow, input, "input");
+  internal::check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
   check_argmax(op, argmax, o, output, "output");
   // The outputs are written while the inputs are read: no shared byte (not even an exact alias).
   internal::check_outputs(op, {{"output", &output}, {"argmax", &argmax}});
   internal::check_disjoint(op, {"output", &output}, {{"input", &input}, {"rois", &rois}});
   internal::check_disjoint(op, {"argmax", &argmax}, {{"input", &input}, {"rois", &rois}});
-  if (rois.sizes[0] > 0 && input.sizes[1] > 0 && (input.sizes[2] == 0 || input.sizes[3] == 0))
-    fail(kBad, "{}: input has sizes {}; expected H > 0 and W > 0 when there are rois to pool", op, sizes_str(input));
-  internal::RoiAlignCall call{op, input, rois, output, argmax, make_shape(input, rois.sizes[0], o),
-                              o.pool_mode == PoolMode::kMax};
-  return call;
+  internal::check_map_has_pixels(op, "input", input, rois.sizes[0]);
+  return {op, input, rois, output, argmax, internal::pooling_shape(input, rois.sizes[0], o),
+          o.pool_mode == PoolMode::kMax};
 }
 
 internal::RoiAlignCall validate_backward(const TensorView& grad_output, const TensorView& rois,
@@ -175,26 +107,21 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
                                          const RoiAlignBackwardOptions& b, const TensorView& argmax,
                                          bool argmax_required = true) {
   const char* op = argmax_required ? "roi_align_backward" : "roi_align_backward_workspace_size";
-  check_options(op, o);
-  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kTruncated && b.mode != BackwardMode::kExact)
-    fail(kBad, "{}: backward mode {} is unknown; expected atomic, truncated or exact", op, static_cast<int>(b.mode));
-  if (b.truncation != TruncationFormat::kFloat16 && b.truncation != TruncationFormat::kBFloat16)
-    fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
-  check_tensor(op, "grad_input", grad_input, 4);
+  internal::check_pooling_options(op, o);
+  internal::check_backward_options(op, b);
+  internal::check_tensor(op, "grad_input", grad_input, 4);
   internal::check_floating(op, "grad_input", grad_input);
   internal::check_outputs(op, {{"grad_input", &grad_input}});
-  check_rois_tensor(op, rois, grad_input, "grad_input");
-  check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype, grad_input,
-               "grad_input");
+  internal::check_rois_tensor(op, rois, 5, kRoiRow, grad_input, "grad_input");
+  internal::check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype,
+                         grad_input, "grad_input");
   check_argmax(op, argmax, o, grad_output, "grad_output", argmax_required);
   // grad_input is written while the others are read: no shared byte (not even an exact alias).
   internal::check_disjoint(op, {"grad_input", &grad_input},
                            {{"grad_output", &grad_output}, {"rois", &rois}, {"argmax", &argmax}});
-  if (rois.sizes[0] > 0 && grad_input.sizes[1] > 0 && (grad_input.sizes[2] == 0 || grad_input.sizes[3] == 0))
-    fail(kBad, "{}: grad_input has sizes {}; expected H > 0 and W > 0 when there are rois", op, sizes_str(grad_input));
-  internal::RoiAlignCall call{op, grad_input, rois, grad_output, argmax, make_shape(grad_input, rois.sizes[0], o),
-                              o.pool_mode == PoolMode::kMax};
-  return call;
+  internal::check_map_has_pixels(op, "grad_input", grad_input, rois.sizes[0]);
+  return {op, grad_input, rois, grad_output, argmax, internal::pooling_shape(grad_input, rois.sizes[0], o),
+          o.pool_mode == PoolMode::kMax};
 }
 
 /// Whether the backward enumerates (position, weight, bin) slots: the backend says (see RoiAlignBackend).
@@ -208,17 +135,7 @@ bool needs_total(const internal::RoiAlignCall& call, const RoiAlignOptions& o, c
 /// Bytes of the backward's workspace layout (without the alignment slack).
 std::size_t layout_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
   if (call.shape.K == 0 || call.shape.C == 0) return 0;
-  if (uses_slots(call, mode)) {
-    // Slots are 4 per sample; sized in double first so a huge problem is an error, not an overflow.
-    const detail::RoiAlignShape& s = call.shape;
-    const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
-                                                      static_cast<double>(s.PW) * static_cast<double>(s.sampling_ratio) *
-                                                      static_cast<double>(s.sampling_ratio)
-                                                : static_cast<double>(check.total_samples);
-    if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
-      fail(ErrorCode::kOutOfMemory, "{}: the {} mode would need {} slots (4 per sample); expected at most 2^40 "
-           "(use fewer rois per call or a smaller sampling_ratio)", call.op, to_string(mode), 4.0 * samples);
-  }
+  if (uses_slots(call, mode)) internal::check_record_budget(call.op, mode, call.shape, check.total_samples);
   return backend(call).backward_workspace(call, check, mode);
 }
 
@@ -245,13 +162,11 @@ void roi_align_backward(const TensorView& grad_output, const TensorView& rois, c
                         const TensorView& argmax, Workspace workspace) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
   const internal::RoiCheck check = check_rois_values(call, options, needs_total(call, options, backward), ctx);
-  const std::size_t bytes = layout_bytes(call, check, backward.mode);
-  const internal::Scratch scratch(call.op, bytes, grad_input.device, ctx, workspace,
-                                  {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},
-                                   {"argmax", &argmax}},
-                                  "roi_align_backward_workspace_size");
-  if (grad_input.numel() == 0) return;
-  backend(call).backward(call, check, backward, ctx, scratch.workspace(bytes));
+  internal::run_in_workspace(call.op, layout_bytes(call, check, backward.mode), grad_input, ctx, workspace,
+                             {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},
+                              {"argmax", &argmax}},
+                             "roi_align_backward_workspace_size",
+                             [&](Workspace ws) { backend(call).backward(call, check, backward, ctx, ws); });
 }
 
 }  // namespace detops

@@ -16,6 +16,7 @@
 #include "deform_conv2d_test_util.h"
 #include "detops/detail/deform_conv2d_kernels.h"
 #include "detops/detail/gather_backward.h"
+#include "detops/detail/strided.h"
 #include "internal/common.h"
 #include "internal/deform_conv2d_backend.h"
 
@@ -91,7 +92,8 @@ test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const
   r.grad_input = Tensor::empty({p.N, p.Cin, p.H, p.W}, dt, Device::cpu(), layout);
   std::memset(r.grad_input.view().data, 0x7f, r.grad_input.nbytes());  // zero_kernel must clear it
   grid(r.grad_input.view().numel(), [&](std::int64_t i) {
-    detail::deform_conv2d_zero_element(i, r.grad_input.data<T>(), dc_strides(r.grad_input), p.Cin, p.H, p.W);
+    const detail::DeformStrides g = dc_strides(r.grad_input);
+    detail::fill_zero_element(i, r.grad_input.data<T>(), detail::Strides4{g.s0, g.s1, g.s2, g.s3}, p.Cin, p.H, p.W);
   });
   r.grad_weight = Tensor::empty(std::vector<std::int64_t>(t.weight.view().sizes, t.weight.view().sizes + 4), dt);
   r.grad_offset = Tensor::empty(std::vector<std::int64_t>(t.offset.view().sizes, t.offset.view().sizes + 4), dt,

@@ -14,6 +14,7 @@
 
 #include "detops/detail/gather_backward.h"
 #include "detops/detail/grid_sample_kernels.h"
+#include "detops/detail/strided.h"
 #include "grid_sample_test_util.h"
 #include "internal/grid_sample_backend.h"
 
@@ -85,8 +86,9 @@ void check_atomic(const Case& c, Layout layout, const std::string& what) {
   for (bool channels_last : {false, true}) {
     Tensor got = Tensor::empty({p.N, p.C, p.H, p.W}, c.t.input.view().dtype, Device::cpu(), layout);
     got.fill_bytes(0xCD);
+    const GridSampleStrides g = gs_strides(got);
     for (std::int64_t i = 0; i < got.numel(); ++i)
-      detail::grid_sample_zero_element(i, got.data<T>(), gs_strides(got), p.C, p.H, p.W);
+      detail::fill_zero_element(i, got.data<T>(), detail::Strides4{g.s0, g.s1, g.s2, g.s3}, p.C, p.H, p.W);
     const auto a = backward_args<T>(c, got, channels_last);
     T* base = got.data<T>();
     auto add = [base](std::int64_t off, acc_t<T> v) { base[off] = from_acc<T>(to_acc(base[off]) + v); };

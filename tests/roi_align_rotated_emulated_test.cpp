@@ -3,7 +3,9 @@
 // thread orders), against the CPU backend byte for byte: forward, the atomic and truncated
 // scatters (with the CPU's add: per element the same order of adds), the exact mode's three
 // phases as the launcher sequences them (std::stable_sort in place of CUB's stable radix sort),
-// the float64 truncated mode's phases, and the roi check. No GPU needed.
+// the float64 truncated mode's phases, and the roi check. The exact phases run per chunk of whole
+// images as the launcher plans them (one chunk here) and in chunks of one image, with the same
+// bytes. No GPU needed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "detops/detail/roi_align_rotated_kernels.h"
+#include "internal/roi_align_rotated_backend.h"
 #include "test_util.h"
 
 namespace detops {
@@ -106,11 +109,28 @@ Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRound
   return gi;
 }
 
-/// The exact mode's phases as the CUDA launcher runs them; with `rounding` the float64 truncated
-/// mode's (divisors, the scatter's contributions summed in double).
+/// The roi check as the CUDA launcher runs it for the backward (need_total): the check body over
+/// every roi with per-roi counts and per-image sums, then the device reductions (sum, max).
+internal::RotatedRoiCheck emulate_check(const Case& c) {
+  const auto& s = c.shape;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K), -1), images(static_cast<std::size_t>(s.N), 0);
+  for (std::int64_t k = s.K - 1; k >= 0; --k)  // threads in reverse order: the sums are integers
+    detail::roi_align_rotated_check_element<float>(
+        k, c.source(), s, counts.data(), [](std::int64_t) { ADD_FAILURE() << "no bad row here"; },
+        [&images](std::int64_t n, std::int64_t v) { images[static_cast<std::size_t>(n)] += v; });
+  internal::RotatedRoiCheck check;
+  check.total_samples = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  check.max_image_samples = *std::max_element(images.begin(), images.end());
+  return check;
+}
+
+/// The exact mode's phases as the CUDA launcher runs them, one chunk of whole images at a time
+/// (`chunk_images` per chunk, 0: the launcher's plan, rotated_exact_chunks; records of a chunk
+/// sized to the plan's capacity); with `rounding` the float64 truncated mode's (divisors, the
+/// scatter's contributions summed in double).
 template <class T>
 Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_threads,
-                     detail::GradRounding rounding = detail::GradRounding::kNone) {
+                     detail::GradRounding rounding = detail::GradRounding::kNone, std::int64_t chunk_images = 0) {
   using A = acc_t<T>;
   const bool truncated = rounding != detail::GradRounding::kNone;
   const auto& s = c.shape;
@@ -118,57 +138,78 @@ Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_
   Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
   const std::int64_t total = s.N * s.C * s.H * s.W;
   for (std::int64_t i = 0; i < total; ++i) detail::fill_zero_element(i, gi.data<T>(), st(gi), s.C, s.H, s.W);
-  // count kernel over K + 1 entries, then CUB's exclusive scan
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K + 1), -7), offsets(counts.size(), 0);
-  for (std::int64_t k = 0; k < s.K + 1; ++k) detail::roi_align_rotated_count_element<A>(k, rois, s, counts.data());
-  std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), std::int64_t{0});
-  const std::int64_t cap = 4 * offsets.back();
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  internal::RotatedExactChunks ch = internal::rotated_exact_chunks(s, emulate_check(c));
+  if (chunk_images > 0) {  // the largest such chunk's records
+    ch.images = chunk_images;
+    ch.positions = chunk_images * s.H * s.W;
+    ch.records = 0;
+    for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk_images) {
+      std::int64_t samples = 0;
+      for (std::int64_t k = 0; k < s.K; ++k)
+        samples += detail::rotated_sample_count<A>(rois, k, s, {n0, std::min(s.N, n0 + chunk_images)});
+      ch.records = std::max(ch.records, 4 * samples);
+    }
+  }
+  const std::int64_t cap = ch.records;
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(ch.positions);
   std::vector<std::uint64_t> keys(static_cast<std::size_t>(cap));
   std::vector<std::int64_t> ids(keys.size()), sources(keys.size()), sorted_sources(keys.size());
   std::vector<A> weights(keys.size()), sorted_weights(keys.size());
   std::vector<double> divisors(truncated ? keys.size() : 0, 0.0), sorted_divisors(divisors.size());
   const detail::GatherRecords<A> rec{keys.data(), ids.data(), weights.data(), sources.data()};
-  for (std::int64_t j = 0; j < cap; ++j) detail::gather_init_record(j, rec, sentinel);
-  const detail::RotatedEnumerateArgs<A> ea{rois, offsets.data(), s, st(c.grad_output), rec,
-                                           truncated ? divisors.data() : nullptr};
-  for (std::int64_t t = 0; t < s.K * s.PH * s.PW; ++t) detail::roi_align_rotated_enumerate_bin(t, ea);
-  // CUB's stable radix sort of (key, id) pairs, the engine's permutation, run-length encode + scan
-  std::vector<std::int64_t> order(keys.size());
-  std::iota(order.begin(), order.end(), std::int64_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
-  std::vector<std::int64_t> sorted_ids(order.size());
-  for (std::size_t r = 0; r < order.size(); ++r) sorted_ids[r] = ids[static_cast<std::size_t>(order[r])];
-  for (std::int64_t r = 0; r < cap; ++r)
-    detail::gather_permute_record(r, sorted_ids.data(), weights.data(), sources.data(), sorted_weights.data(),
-                                  sorted_sources.data());
-  std::vector<std::uint64_t> run_keys;
-  std::vector<std::int64_t> run_offsets, run_lengths;
-  for (std::int64_t r = 0; r < cap;) {
-    std::int64_t e = r + 1;
-    while (e < cap && keys[static_cast<std::size_t>(order[e])] == keys[static_cast<std::size_t>(order[r])]) ++e;
-    run_keys.push_back(keys[static_cast<std::size_t>(order[r])]);  // the sentinel's run included, as CUB's
-    run_offsets.push_back(r);
-    run_lengths.push_back(e - r);
-    r = e;
-  }
-  const auto runs = static_cast<std::int64_t>(run_keys.size());
-  const detail::GatherSorted<A> sorted{run_keys.data(), run_offsets.data(), run_lengths.data(), sorted_weights.data(),
-                                       sorted_sources.data()};
-  const auto args = detail::rotated_gather_sum_args<T>(sorted, c.grad_output.data<T>(), c.grad_output.view().strides[1],
-                                                       gi.data<T>(), gi.view().strides[1], s);
-  const detail::RoiGatherTarget target{st(gi), s.H, s.W};
-  if constexpr (std::is_same_v<T, double>) {
-    if (truncated) {
-      for (std::int64_t r = 0; r < cap; ++r)
-        detail::roi_align_rotated_permute_divisor(r, sorted_ids.data(), divisors.data(), sorted_divisors.data());
-      const detail::RotatedTruncatedArgs ta{args, sorted_divisors.data(), target, rounding};
-      for (std::int64_t t = 0; t < runs * s.C; ++t)
-        detail::roi_align_rotated_truncated_gather_element(t, ta, channels_last_threads, runs);
-      return gi;
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += ch.images) {
+    const detail::ImageRange images{n0, std::min(s.N, n0 + ch.images)};
+    // count kernel over K + 1 entries, then CUB's exclusive scan
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K + 1), -7), offsets(counts.size(), 0);
+    for (std::int64_t k = 0; k < s.K + 1; ++k)
+      detail::roi_align_rotated_count_element<A>(k, rois, s, images, counts.data());
+    std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), std::int64_t{0});
+    EXPECT_LE(4 * offsets.back(), cap);
+    for (std::int64_t j = 0; j < cap; ++j) detail::gather_init_record(j, rec, sentinel);
+    std::fill(divisors.begin(), divisors.end(), 0.0);
+    const detail::RotatedEnumerateArgs<A> ea{rois, offsets.data(), s, st(c.grad_output), rec, images,
+                                             truncated ? divisors.data() : nullptr};
+    for (std::int64_t t = 0; t < s.K * s.PH * s.PW; ++t) detail::roi_align_rotated_enumerate_bin(t, ea);
+    // CUB's stable radix sort of (key, id) pairs, the engine's permutation, run-length encode + scan
+    std::vector<std::int64_t> order(keys.size());
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
+    std::vector<std::int64_t> sorted_ids(order.size());
+    for (std::size_t r = 0; r < order.size(); ++r) sorted_ids[r] = ids[static_cast<std::size_t>(order[r])];
+    for (std::int64_t r = 0; r < cap; ++r)
+      detail::gather_permute_record(r, sorted_ids.data(), weights.data(), sources.data(), sorted_weights.data(),
+                                    sorted_sources.data());
+    std::vector<std::uint64_t> run_keys;
+    std::vector<std::int64_t> run_offsets, run_lengths;
+    for (std::int64_t r = 0; r < cap;) {
+      std::int64_t e = r + 1;
+      while (e < cap && keys[static_cast<std::size_t>(order[e])] == keys[static_cast<std::size_t>(order[r])]) ++e;
+      run_keys.push_back(keys[static_cast<std::size_t>(order[r])]);  // the sentinel's run included, as CUB's
+      run_offsets.push_back(r);
+      run_lengths.push_back(e - r);
+      r = e;
     }
+    const auto runs = static_cast<std::int64_t>(run_keys.size());
+    const detail::GatherSorted<A> sorted{run_keys.data(), run_offsets.data(), run_lengths.data(),
+                                         sorted_weights.data(), sorted_sources.data()};
+    const auto args = detail::rotated_gather_sum_args<T>(sorted, c.grad_output.data<T>(),
+                                                         c.grad_output.view().strides[1],
+                                                         gi.data<T>() + n0 * gi.view().strides[0],
+                                                         gi.view().strides[1], s.C, sentinel);
+    const detail::RoiGatherTarget target{st(gi), s.H, s.W};
+    if constexpr (std::is_same_v<T, double>) {
+      if (truncated) {
+        for (std::int64_t r = 0; r < cap; ++r)
+          detail::roi_align_rotated_permute_divisor(r, sorted_ids.data(), divisors.data(), sorted_divisors.data());
+        const detail::RotatedTruncatedArgs ta{args, sorted_divisors.data(), target, rounding};
+        for (std::int64_t t = 0; t < runs * s.C; ++t)
+          detail::roi_align_rotated_truncated_gather_element(t, ta, channels_last_threads, runs);
+        continue;
+      }
+    }
+    for (std::int64_t t = 0; t < runs * s.C; ++t)
+      detail::gather_run_element(t, args, runs, channels_last_threads, target);
   }
-  for (std::int64_t t = 0; t < runs * s.C; ++t) detail::gather_run_element(t, args, runs, channels_last_threads, target);
   return gi;
 }
 
@@ -187,15 +228,19 @@ void check_all(const Param& param) {
       RoiAlignBackwardOptions b;
       b.mode = mode;
       roi_align_rotated_backward(c.grad_output, c.rois, cpu_gi, c.opt, b);
-      Tensor emulated;
-      if (mode == BackwardMode::kExact)
-        emulated = emulate_exact<T>(c, dt, layout, cl);
-      else if (mode == BackwardMode::kTruncated && dt == DType::kFloat64)  // CUDA runs the exact phases
-        emulated = emulate_exact<T>(c, dt, layout, cl, detail::GradRounding::kFloat16);
-      else
-        emulated = emulate_scatter<T>(c, dt, layout, mode == BackwardMode::kTruncated ? detail::GradRounding::kFloat16
-                                                                                    : detail::GradRounding::kNone, cl);
-      EXPECT_TRUE(test::same_bytes(emulated, cpu_gi));
+      const bool phases = mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && dt == DType::kFloat64);
+      if (!phases) {
+        EXPECT_TRUE(test::same_bytes(emulate_scatter<T>(c, dt, layout, mode == BackwardMode::kTruncated
+                                                                             ? detail::GradRounding::kFloat16
+                                                                             : detail::GradRounding::kNone, cl),
+                                     cpu_gi));
+        continue;
+      }
+      // CUDA runs the exact phases (float64 truncated: with divisors), as planned and per image
+      const detail::GradRounding r = mode == BackwardMode::kExact ? detail::GradRounding::kNone
+                                                                  : detail::GradRounding::kFloat16;
+      EXPECT_TRUE(test::same_bytes(emulate_exact<T>(c, dt, layout, cl, r), cpu_gi));
+      EXPECT_TRUE(test::same_bytes(emulate_exact<T>(c, dt, layout, cl, r, 1), cpu_gi)) << "chunks of one image";
     }
   }
 }
@@ -228,13 +273,19 @@ TEST(RoiAlignRotatedEmulatedCheck, CheckBodyReportsBadRowsAndCounts) {
   c.rois.data<float>()[7 * 6 + 3] = -1;  // negative width
   c.rois.data<float>()[3 * 6 + 0] = 5;   // batch index out of range
   std::vector<std::int64_t> counts(static_cast<std::size_t>(c.shape.K), -1), bad;
+  std::vector<std::int64_t> images(static_cast<std::size_t>(c.shape.N), 0);
   for (std::int64_t k = 0; k < c.shape.K; ++k)
-    detail::roi_align_rotated_check_element<float>(k, c.source(), c.shape, counts.data(),
-                                                   [&bad](std::int64_t b) { bad.push_back(b); });
+    detail::roi_align_rotated_check_element<float>(
+        k, c.source(), c.shape, counts.data(), [&bad](std::int64_t b) { bad.push_back(b); },
+        [&images](std::int64_t n, std::int64_t v) { images[static_cast<std::size_t>(n)] += v; });
   EXPECT_EQ(bad, (std::vector<std::int64_t>{3, 7}));
   EXPECT_EQ(counts[3], 0);
   EXPECT_EQ(counts[7], 0);
   EXPECT_GT(counts[0], 0);
+  // the per-image sums (the exact mode's chunk sizes) hold every valid roi's samples once
+  std::int64_t even = 0, odd = 0;  // rois alternate between the two images (k % N)
+  for (std::int64_t k = 0; k < c.shape.K; ++k) (k % 2 == 0 ? even : odd) += counts[static_cast<std::size_t>(k)];
+  EXPECT_EQ(images, (std::vector<std::int64_t>{even, odd}));
   // the CPU backend reports the first one
   Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kFloat32);
   EXPECT_THROW(roi_align_rotated_forward(c.input, c.rois, out, c.opt), Error);

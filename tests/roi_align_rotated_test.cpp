@@ -1,18 +1,23 @@
 // RoIAlignRotated on the CPU: every dtype x layout x backward mode against the float64 reference;
 // the properties (a zero angle is RoIAlign with aligned = true, bit for bit on dyadic boxes; a
 // 90-degree rotation of map and box gives the same pooled values); bitwise reproducibility of
-// every mode (runs, thread counts, layouts); mmcv's options; empty problems; and the bad-input
-// matrix with outputs left untouched.
+// every mode (runs, thread counts, layouts); the exact mode's chunks of images (each image's bits
+// as if alone, a workspace bounded by the largest image); mmcv's options; empty problems; and the
+// bad-input matrix with outputs left untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "detops/detail/gather_backward.h"
 #include "detops/detail/roi_align_rotated_math.h"
 #include "reference/roi_align_rotated_reference.h"
 #include "test_util.h"
@@ -422,6 +427,112 @@ TEST(RoiAlignRotatedSemantics, EmptyRoisAndCallerWorkspace) {
     EXPECT_TRUE(test::same_bytes(a, b));
     EXPECT_THROW(roi_align_rotated_backward(go, r2, a, p.opt, bo, {}, Workspace{ws.data(), bytes / 2}), Error);
   }
+}
+
+// The exact mode runs one chunk of whole images at a time (as many as fit in max(one image's
+// records, 2^19)): a batch whose records exceed one chunk gives, image by image, the bytes of each
+// image run alone, and its workspace follows its largest image, not the batch.
+namespace chunks {
+
+constexpr std::int64_t kPooled = 7, kRatio = 8;
+constexpr std::int64_t kRecordsPerRoi = 4 * kPooled * kPooled * kRatio * kRatio;  // 4 corners per sample
+constexpr std::int64_t kRoisPerImage[3] = {24, 19, 24};
+// A chunk holds max(the largest image's records, 2^19) / the largest image's records images: one
+// here, so the batch runs as three chunks (a chunk never splits an image).
+static_assert(2 * kRoisPerImage[0] * kRecordsPerRoi > detail::kGatherChunkRecords &&
+                  kRoisPerImage[0] >= kRoisPerImage[1] && kRoisPerImage[0] >= kRoisPerImage[2],
+              "every image must take its own chunk");
+constexpr std::int64_t kC = 3, kH = 40, kW = 40;
+
+/// The rois (batch index n for every image, or 0 when `alone` is n: that image's rois only), with
+/// the images' rois interleaved in k order; boxes of 49 < w, h <= 56 take an 8x8 adaptive grid.
+std::vector<double> rois_of(std::int64_t alone, std::int64_t images, std::vector<std::int64_t>* rows = nullptr) {
+  std::vector<double> r;
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::int64_t k = 0;
+  for (std::int64_t i = 0; i < 24; ++i)
+    for (std::int64_t n = 0; n < images; ++n, ++k) {
+      const double row[6] = {static_cast<double>(n), kW * u(rng), kH * u(rng), 50 + 6 * u(rng), 50 + 6 * u(rng),
+                             -180 + 360 * u(rng)};
+      if (i >= kRoisPerImage[n % 3] || (alone >= 0 && n != alone)) continue;
+      r.insert(r.end(), row, row + 6);
+      if (alone >= 0) r[r.size() - 6] = 0;
+      if (rows) rows->push_back(k);
+    }
+  return r;
+}
+
+/// grad_output rows: row k of the batch has the values of seed k, whichever call it is in.
+std::vector<double> grads_of(const std::vector<std::int64_t>& rows) {
+  std::vector<double> g;
+  for (std::int64_t k : rows) {
+    const std::vector<double> v = test::random_values(kC * kPooled * kPooled, 1000 + static_cast<std::uint64_t>(k));
+    g.insert(g.end(), v.begin(), v.end());
+  }
+  return g;
+}
+
+std::size_t exact_workspace(const Tensor& go, const Tensor& rois, const Tensor& gi, const RoiAlignRotatedOptions& o) {
+  RoiAlignBackwardOptions b;
+  b.mode = BackwardMode::kExact;
+  return roi_align_rotated_backward_workspace_size(go, rois, gi, o, b);
+}
+
+}  // namespace chunks
+
+TEST(RoiAlignRotatedSemantics, ExactModeChunksByImageWithTheBitsOfEachImageAlone) {
+  using namespace chunks;
+  for (const auto& [dt, layout] : {std::pair{DType::kFloat32, Layout::kNCHW}, std::pair{DType::kFloat64, Layout::kNHWC},
+                                   std::pair{DType::kBFloat16, Layout::kNCHW}})
+    for (const std::int64_t sr : {kRatio, std::int64_t{0}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (sr > 0 ? " fixed ratio" : " adaptive"));
+      RoiAlignRotatedOptions o;
+      o.pooled_height = o.pooled_width = kPooled;
+      o.sampling_ratio = sr;
+      RoiAlignBackwardOptions b;
+      b.mode = BackwardMode::kExact;
+      std::vector<std::int64_t> rows;
+      const std::vector<double> r = rois_of(-1, 3, &rows);
+      const auto K = static_cast<std::int64_t>(rows.size());
+      Tensor rois = make_tensor({K, 6}, DType::kFloat32, r);
+      Tensor go = make_tensor({K, kC, kPooled, kPooled}, dt, grads_of(rows), layout);
+      Tensor gi = Tensor::empty({3, kC, kH, kW}, dt, Device::cpu(), layout);
+      gi.fill_bytes(0xCD);
+      Context ctx;
+      ctx.num_threads = 2;
+      roi_align_rotated_backward(go, rois, gi, o, b, ctx);
+      const std::size_t batch_ws = exact_workspace(go, rois, gi, o);
+
+      std::size_t largest_alone_ws = 0;
+      const std::size_t image_bytes = gi.nbytes() / 3;  // both layouts keep an image's bytes together
+      for (std::int64_t n = 0; n < 3; ++n) {
+        std::vector<std::int64_t> rows_n;
+        const std::vector<double> r_n = rois_of(n, 3, &rows_n);
+        const auto K_n = static_cast<std::int64_t>(rows_n.size());
+        ASSERT_EQ(K_n, kRoisPerImage[n]);
+        Tensor rois_n = make_tensor({K_n, 6}, DType::kFloat32, r_n);
+        Tensor go_n = make_tensor({K_n, kC, kPooled, kPooled}, dt, grads_of(rows_n), layout);
+        Tensor gi_n = Tensor::empty({1, kC, kH, kW}, dt, Device::cpu(), layout);
+        roi_align_rotated_backward(go_n, rois_n, gi_n, o, b, ctx);
+        const auto* batch_bytes = static_cast<const unsigned char*>(gi.view().data) + n * image_bytes;
+        EXPECT_EQ(std::memcmp(batch_bytes, gi_n.view().data, image_bytes), 0) << "image " << n;
+        largest_alone_ws = std::max(largest_alone_ws, exact_workspace(go_n, rois_n, gi_n, o));
+      }
+      // One image's records at a time: all three at once would need about 2.8 times the largest
+      // image's arrays (67 rois against 24), and the extra per-roi offsets are 8 bytes a roi.
+      EXPECT_LT(batch_ws, 2 * largest_alone_ws);
+      EXPECT_LE(batch_ws, largest_alone_ws + 8 * static_cast<std::size_t>(K) + 1024);
+
+      // Twice the batch: the same chunks, so the same workspace but for the per-roi offsets.
+      std::vector<std::int64_t> rows6;
+      const std::vector<double> r6 = rois_of(-1, 6, &rows6);
+      const auto K6 = static_cast<std::int64_t>(rows6.size());
+      Tensor rois6 = make_tensor({K6, 6}, DType::kFloat32, r6);
+      Tensor go6 = Tensor::empty({K6, kC, kPooled, kPooled}, dt, Device::cpu(), layout);
+      Tensor gi6 = Tensor::empty({6, kC, kH, kW}, dt, Device::cpu(), layout);
+      EXPECT_LE(exact_workspace(go6, rois6, gi6, o), batch_ws + 8 * static_cast<std::size_t>(K6 - K) + 1024);
+    }
 }
 
 TEST(RoiAlignRotatedSemantics, UncheckedInvalidRowsPoolToZero) {

@@ -42,12 +42,21 @@
 //               the CPU and CUDA (CUDA then runs the exact mode's phases, as RoIAlign does).
 //   kExact      the gather-backward engine (docs/design.md): records (position, w / count, bin) in
 //               the order (roi, bin, sample, corner), a stable sort by position, fixed-order sums in
-//               partials of detail::kGatherPartial records. Bitwise identical across runs, thread
-//               counts, layouts and the CPU and CUDA backends.
+//               partials of detail::kGatherPartial records, one chunk of whole images at a time
+//               (which changes no bit). Bitwise identical across runs, thread counts, layouts, batch
+//               compositions (an image gives the same bits alone) and the CPU and CUDA backends.
+//
+// Workspace (roi_align_rotated_backward_workspace_size): none for kAtomic; kTruncated, a double per
+// element of grad_input (float64 on CUDA: the exact mode's arrays, with a divisor per record);
+// kExact, the arrays of one chunk: as many whole images as fit in max(the largest image's
+// records, 2^19), 4 records per sample of about 40 bytes each on the CPU (80 on CUDA), plus the
+// runs and per-roi offsets. It follows the rois of the largest image, not the batch; sizing it
+// reads the rois (see CUDA below).
 //
 // CUDA: work is enqueued on Context::cuda_stream; the roi check waits once on the stream (as
-// RoIAlign's; check_rois = false skips it, except where the exact mode's workspace depends on the
-// rois), and invalid rows then produce zeros.
+// RoIAlign's; check_rois = false skips it, except in the exact mode and the float64 truncated
+// mode, whose workspace depends on the samples of each image's rois), and invalid rows then
+// produce zeros.
 #pragma once
 
 #include <cstddef>
@@ -87,8 +96,8 @@ struct RoiAlignRotatedOptions {
 void roi_align_rotated_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
                                const RoiAlignRotatedOptions& options, const Context& ctx = {});
 
-/// Bytes of workspace roi_align_rotated_backward needs (0 for kAtomic; with adaptive sampling the
-/// exact mode's size depends on the rois, which on CUDA costs one wait on the stream).
+/// Bytes of workspace roi_align_rotated_backward needs (0 for kAtomic; the exact mode's size depends
+/// on the samples of each image's rois, which on CUDA costs one wait on the stream).
 std::size_t roi_align_rotated_backward_workspace_size(const TensorView& grad_output, const TensorView& rois,
                                                       const TensorView& grad_input,
                                                       const RoiAlignRotatedOptions& options,

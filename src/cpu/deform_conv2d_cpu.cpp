@@ -126,15 +126,16 @@ void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace w
   }
 }
 
-/// Every element of a strided 4-d tensor set to 0 (the zero body, plane by plane).
+/// Every element of a strided 4-d tensor set to 0 (CUDA's zero-fill body, plane by plane).
 template <class T>
 void zero_fill(const TensorView& v, const Context& ctx) {
   if (!v.defined() || v.numel() == 0) return;
   const DeformStrides st = dc_strides(v);
   const std::int64_t C = v.sizes[1], H = v.sizes[2], W = v.sizes[3];
   T* p = static_cast<T*>(v.data);
+  const detail::Strides4 s4{st.s0, st.s1, st.s2, st.s3};
   for_each(v.sizes[0] * C, 16, ctx, [&](std::int64_t nc) {
-    for (std::int64_t i = nc * H * W; i < (nc + 1) * H * W; ++i) detail::deform_conv2d_zero_element(i, p, st, C, H, W);
+    for (std::int64_t i = nc * H * W; i < (nc + 1) * H * W; ++i) detail::fill_zero_element(i, p, s4, C, H, W);
   });
 }
 

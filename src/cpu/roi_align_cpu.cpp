@@ -559,11 +559,7 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, 
   const detail::RoiAlignShape& s = call.shape;
   switch (mode) {
     case BackwardMode::kAtomic: return 0;
-    case BackwardMode::kTruncated: {
-      WorkspaceLayout l;
-      l.add<double>(s.N * s.C * s.H * s.W);
-      return l.bytes();
-    }
+    case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
         return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, check)).bytes();
@@ -586,14 +582,10 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
                                            [&] { zero_fill<T>(call.features, ctx); });
         break;
       case BackwardMode::kTruncated: {
-        // Accumulate in a contiguous double buffer laid out like grad_input (NHWC when its
-        // channels are contiguous: the scatter then adds rows of channels, as the atomic mode
-        // does in grad_input itself), then round each sum once. Each element receives its adds
-        // in the same order in either layout, so the bits do not depend on it.
+        // Accumulate in a contiguous double buffer laid out like grad_input, then round each sum
+        // once (truncated_buffer_strides: the layout does not change the bits).
         auto* buf = static_cast<double*>(ws.data);
-        const bool channels_last = channels_innermost(call.features);
-        const detail::Strides4 bs = channels_last ? detail::Strides4{s.H * s.W * s.C, 1, s.W * s.C, s.C}
-                                                  : detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1};
+        const detail::Strides4 bs = truncated_buffer_strides(call.features, s);
         if (s.K > 0)
           scatter_backward<T, double, double>(call, ctx, buf, bs, grad_rounding(opt),
                                               [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });

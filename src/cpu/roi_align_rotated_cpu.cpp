@@ -12,7 +12,8 @@
 //  - atomic/truncated backward: units own disjoint channels, so plain adds are race-free, and
 //    each element receives its adds in the order (roi, bin, sample, corner), the order of the
 //    CUDA scatter body run in thread order and the exact mode's canonical order;
-//  - exact backward: the shared enumerate body, the engine's sort and fixed-order run sums.
+//  - exact backward: per chunk of whole images, the shared enumerate body, the engine's sort and
+//    fixed-order run sums.
 // So neither the walk, the layout nor the thread count changes any bit.
 #include <algorithm>
 #include <memory>
@@ -276,15 +277,15 @@ void scatter_backward(const RoiAlignRotatedCall& call, const Context& ctx, Targe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Exact backward: the gather-backward engine over all rois at once, in one chunk (as RoIAlign's:
-// a box head's records are about a million; the workspace grows with the rois' samples, not with
-// the batch, so chunks of images would only bound calls with huge adaptive grids).
+// Exact backward: the gather-backward engine, one chunk of whole images at a time
+// (rotated_exact_chunks): the workspace holds one chunk's records, about max(one image's, 2^19),
+// whatever the batch, and every destination's sum is the one a single chunk would give.
 
 template <class A>
-WorkspaceLayout exact_layout(const Shape& s, std::int64_t cap) {
+WorkspaceLayout exact_layout(const Shape& s, const RotatedExactChunks& ch) {
   WorkspaceLayout l;
-  add_gather_cpu<A>(l, cap, s.N * s.H * s.W);
-  l.add<std::int64_t>(s.K + 1);  // record offsets per roi, in samples
+  add_gather_cpu<A>(l, ch.records, ch.positions);
+  l.add<std::int64_t>(s.K + 1);  // record offsets per roi of the chunk, in samples
   return l;
 }
 
@@ -293,47 +294,76 @@ void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& chec
   using A = acc_t<T>;
   const Shape& s = call.shape;
   const int threads = ctx.resolved_threads();
-  const std::int64_t cap = rotated_record_capacity(s, check);
-  WorkspaceLayout layout = exact_layout<A>(s, cap);
+  const RotatedExactChunks ch = rotated_exact_chunks(s, check);
+  WorkspaceLayout layout = exact_layout<A>(s, ch);
   layout.bind(ws.data);
   const GatherCpuBuffers<A> g = take_gather_cpu<A>(layout);
   std::int64_t* roi_offsets = layout.take<std::int64_t>();
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
-
-  // Phase 1: record offsets per roi, every record set to the sentinel, then each (roi, bin)
-  // writes its records.
-  roi_offsets[0] = 0;
-  for (std::int64_t k = 0; k < s.K; ++k) roi_offsets[k + 1] = roi_offsets[k] + detail::rotated_sample_count<A>(rois, k, s);
-  parallel_for(cap, 1 << 16, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j) detail::gather_init_record(j, g.records, sentinel);
+  const std::uint64_t sentinel = static_cast<std::uint64_t>(ch.positions);
+  const std::int64_t bins = s.PH * s.PW;
+  T* grad_input = static_cast<T*>(call.features.data);
+  const detail::Strides4 gi = strides4(call.features);
+  // Each roi's image (-1: an invalid row) and samples, read once for every chunk; the rois of the
+  // current chunk that have samples.
+  std::vector<std::int64_t> roi_image(static_cast<std::size_t>(s.K)), roi_samples(roi_image.size()), chunk_rois;
+  chunk_rois.reserve(roi_image.size());
+  parallel_for(s.K, 256, threads, [&](std::int64_t kb, std::int64_t ke) {
+    for (std::int64_t k = kb; k < ke; ++k) {
+      const RotatedBox<A> box = detail::load_rotated_box<A>(rois, k, s);
+      roi_image[static_cast<std::size_t>(k)] = box.batch;
+      roi_samples[static_cast<std::size_t>(k)] = rotated_table_size(box, s);
+    }
   });
-  const detail::RotatedEnumerateArgs<A> ea{rois, roi_offsets, s, strides4(call.pooled), g.records};
-  parallel_for(s.K * s.PH * s.PW, 64, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t t = lo; t < hi; ++t) detail::roi_align_rotated_enumerate_bin(t, ea);
-  });
 
-  // Phase 2: the engine's stable sort by position and its runs.
-  detail::GatherSorted<A> sorted{};
-  const std::int64_t runs = gather_sort_cpu(g, cap, sentinel, threads, sorted);
+  zero_fill<T>(call.features, ctx);  // then each (run, channel) of a chunk is written once
+  for (std::int64_t n0 = 0; n0 < s.N && ch.records > 0; n0 += ch.images) {
+    const detail::ImageRange images{n0, std::min(s.N, n0 + ch.images)};
+    // Phase 1: record offsets per roi of the chunk (rotated_sample_count's), its records set to
+    // the sentinel, then each (roi, bin) of the chunk writes its records.
+    roi_offsets[0] = 0;
+    chunk_rois.clear();
+    for (std::int64_t k = 0; k < s.K; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      const bool here = images.holds(roi_image[i]) && roi_samples[i] > 0;
+      roi_offsets[k + 1] = roi_offsets[k] + (here ? roi_samples[i] : 0);
+      if (here) chunk_rois.push_back(k);
+    }
+    const std::int64_t n = 4 * roi_offsets[s.K];
+    if (n == 0) continue;
+    parallel_for(n, 1 << 16, threads, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t j = lo; j < hi; ++j) detail::gather_init_record(j, g.records, sentinel);
+    });
+    const detail::RotatedEnumerateArgs<A> ea{rois, roi_offsets, s, strides4(call.pooled), g.records, images};
+    const auto chunk_bins = static_cast<std::int64_t>(chunk_rois.size()) * bins;
+    parallel_for(chunk_bins, 64, threads, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i)
+        detail::roi_align_rotated_enumerate_bin(chunk_rois[static_cast<std::size_t>(i / bins)] * bins + i % bins, ea);
+    });
 
-  // Phase 3: zero grad_input, then each (run, channel) is written once with its fixed-order sum.
-  zero_fill<T>(call.features, ctx);
-  const auto args = detail::rotated_gather_sum_args<T>(sorted, static_cast<const T*>(call.pooled.data),
-                                                       call.pooled.strides[1], static_cast<T*>(call.features.data),
-                                                       call.features.strides[1], s);
-  gather_sum_cpu(args, runs, detail::RoiGatherTarget{strides4(call.features), s.H, s.W}, threads);
+    // Phase 2: the engine's stable sort by position and its runs.
+    detail::GatherSorted<A> sorted{};
+    const std::int64_t runs = gather_sort_cpu(g, n, sentinel, threads, sorted);
+
+    // Phase 3: each (run, channel) of the chunk's images is written once with its fixed-order sum.
+    const auto args = detail::rotated_gather_sum_args<T>(sorted, static_cast<const T*>(call.pooled.data),
+                                                         call.pooled.strides[1], grad_input + n0 * gi.s0, gi.s1, s.C,
+                                                         sentinel);
+    gather_sum_cpu(args, runs, detail::RoiGatherTarget{gi, s.H, s.W}, threads);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry points (the table kRoiAlignRotatedCpu at the bottom)
 
-RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool /*need_total: cheap here, always computed*/,
-                           const Context&) {
+RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context&) {
   RotatedRoiCheck check;
-  check.total_samples = 0;
+  check.total_samples = 0;  // cheap here: always computed
   const detail::RoiSource rois = roi_source(call.rois);
   const Shape& s = call.shape;
+  // the samples of each image's rois, for the exact mode's chunks (need_total: grad_input is not
+  // empty, so N is no larger than its elements)
+  std::vector<std::int64_t> image_samples(need_total ? static_cast<std::size_t>(s.N) : 0, 0);
   return dispatch_floating(call.features.dtype, [&](auto tag) {
     using A = acc_t<decltype(tag)>;
     for (std::int64_t k = 0; k < s.K; ++k) {
@@ -351,9 +381,15 @@ RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool /*need_total: c
         continue;
       }
       // saturating: each term is at most 2^40 (max_samples_per_roi), the sum must not wrap
-      check.total_samples = std::min<std::int64_t>(check.total_samples + box.grid_h * box.grid_w * s.PH * s.PW,
-                                                   std::int64_t{1} << 50);
+      const std::int64_t samples = box.grid_h * box.grid_w * s.PH * s.PW;
+      check.total_samples = std::min<std::int64_t>(check.total_samples + samples, std::int64_t{1} << 50);
+      if (need_total) {
+        std::int64_t& image = image_samples[static_cast<std::size_t>(box.batch)];
+        image = std::min<std::int64_t>(image + samples, std::int64_t{1} << 50);
+      }
     }
+    if (need_total && !image_samples.empty())
+      check.max_image_samples = *std::max_element(image_samples.begin(), image_samples.end());
     return check;
   });
 }
@@ -366,14 +402,10 @@ std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RotatedRoi
   const Shape& s = call.shape;
   switch (mode) {
     case BackwardMode::kAtomic: return 0;
-    case BackwardMode::kTruncated: {
-      WorkspaceLayout l;
-      l.add<double>(s.N * s.C * s.H * s.W);
-      return l.bytes();
-    }
+    case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, rotated_record_capacity(s, check)).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, rotated_exact_chunks(s, check)).bytes();
       });
   }
   return 0;
@@ -397,9 +429,7 @@ void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, con
         // RoIAlign's double buffer, laid out like grad_input (NHWC when its channels are
         // contiguous), rounded once per element at the end; the layout never changes the bits.
         auto* buf = static_cast<double*>(ws.data);
-        const bool channels_last = channels_innermost(call.features);
-        const detail::Strides4 bs = channels_last ? detail::Strides4{s.H * s.W * s.C, 1, s.W * s.C, s.C}
-                                                  : detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1};
+        const detail::Strides4 bs = truncated_buffer_strides(call.features, s);
         scatter_backward<T, double, double>(call, ctx, buf, bs, grad_rounding(opt),
                                             [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         store_rounded<T>(buf, bs, call.features, ctx);

@@ -1,6 +1,6 @@
 // What the scatter-form backwards of the bilinear-gather ops (RoIAlign, RoIAlignRotated) share
 // on the CPU: one scatter step into an accumulator, the zero fill of a strided grad_input, and the
-// truncated mode's final rounding of its double buffer into grad_input.
+// truncated mode's double buffer (its layout, and its final rounding into grad_input).
 #pragma once
 
 #include <algorithm>
@@ -77,6 +77,15 @@ inline void store_rounded(const double* buf, const detail::Strides4& bs, const T
       }
     }
   });
+}
+
+/// The truncated mode's dense double buffer (truncated_buffer_bytes), laid out like grad_input:
+/// NHWC when its channels are contiguous (the scatter then adds rows of channels, as the atomic
+/// mode does in grad_input itself), NCHW otherwise. Each element receives its adds in the same
+/// order in either layout, so the bits do not depend on it.
+inline detail::Strides4 truncated_buffer_strides(const TensorView& grad_input, const detail::RoiAlignShape& s) {
+  return channels_innermost(grad_input) ? detail::Strides4{s.H * s.W * s.C, 1, s.W * s.C, s.C}
+                                        : detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1};
 }
 
 template <class T>

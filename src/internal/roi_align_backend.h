@@ -45,6 +45,14 @@ inline detail::GradRounding grad_rounding(const RoiAlignBackwardOptions& b) {
   return b.truncation == TruncationFormat::kFloat16 ? detail::GradRounding::kFloat16 : detail::GradRounding::kBFloat16;
 }
 
+/// Bytes of the truncated mode's dense double accumulator (every element of grad_input), which
+/// the CPU backends and CUDA's 16- and 32-bit truncated modes of both roi ops use.
+inline std::size_t truncated_buffer_bytes(const detail::RoiAlignShape& s) {
+  WorkspaceLayout l;
+  l.add<double>(s.N * s.C * s.H * s.W);
+  return l.bytes();
+}
+
 /// Slots the exact mode enumerates: 4 per sample. Known without reading rois for a fixed
 /// sampling ratio; otherwise from the check.
 inline std::int64_t exact_slot_capacity(const detail::RoiAlignShape& s, const RoiCheck& check) {

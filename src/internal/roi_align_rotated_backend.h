@@ -2,6 +2,7 @@
 // table. Shared by src/cpu/roi_align_rotated_cpu.cpp and cuda/roi_align_rotated_cuda.cu.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -9,7 +10,7 @@
 #include "detops/detail/roi_align_rotated_kernels.h"
 #include "detops/roi_align_rotated.h"
 #include "internal/common.h"
-#include "internal/roi_align_backend.h"  // strides4, roi_source, grad_rounding
+#include "internal/roi_align_backend.h"  // strides4, roi_source, grad_rounding, truncated_buffer_bytes
 
 namespace detops {
 namespace internal {
@@ -24,21 +25,35 @@ struct RoiAlignRotatedCall {
   detail::RoiAlignRotatedShape shape;
 };
 
-/// What checking the rois found: the first invalid row (-1 if none) with its status and values,
-/// and the total number of samples over all rois (-1 if not computed).
+/// What checking the rois found: the first invalid row (-1 if none) with its status and values;
+/// with need_total, the total number of samples over all rois and the most samples the rois of
+/// one image hold (-1 if not computed).
 struct RotatedRoiCheck {
   std::int64_t bad_row = -1;
   detail::RotatedRoiStatus status = detail::RotatedRoiStatus::kOk;
   double row[detail::kRotatedRoiColumns] = {};
   std::int64_t grid_h = 0, grid_w = 0;
   std::int64_t total_samples = -1;
+  std::int64_t max_image_samples = -1;
 };
 
-/// Records of the exact mode (4 per sample): known without reading the rois for a fixed
-/// sampling ratio, from the check otherwise.
-inline std::int64_t rotated_record_capacity(const detail::RoiAlignRotatedShape& s, const RotatedRoiCheck& check) {
-  if (s.sampling_ratio > 0) return 4 * s.K * s.PH * s.PW * s.sampling_ratio * s.sampling_ratio;
-  return 4 * (check.total_samples < 0 ? 0 : check.total_samples);
+/// The exact mode's chunks, whole images each (as grid_sample's and ms_deform_attn's): as many
+/// images as fit in max(the largest image's records, detail::kGatherChunkRecords), so the
+/// workspace stays bounded whatever the batch. A destination belongs to one image, and a chunk
+/// enumerates its rois in k order, so every destination's records, and its sum, are the ones
+/// of a single chunk: chunking changes no bit.
+struct RotatedExactChunks {
+  std::int64_t images;     // images per chunk (the last may hold fewer)
+  std::int64_t records;    // records of the largest chunk at most (4 per sample): the arrays' capacity
+  std::int64_t positions;  // images * H * W: a chunk's keys are below it, and it is the sentinel
+};
+inline RotatedExactChunks rotated_exact_chunks(const detail::RoiAlignRotatedShape& s, const RotatedRoiCheck& check) {
+  const std::int64_t total = 4 * std::max<std::int64_t>(check.total_samples, 0);
+  const std::int64_t per_image = 4 * std::max<std::int64_t>(check.max_image_samples, 0);
+  std::int64_t images = std::max<std::int64_t>(s.N, 1);  // no records: one chunk, which only zero-fills
+  if (per_image > 0)
+    images = std::max<std::int64_t>(1, std::min(s.N, std::max(per_image, detail::kGatherChunkRecords) / per_image));
+  return {images, std::min(total, images * per_image), images * s.H * s.W};
 }
 
 /// A RoIAlignRotated backend (internal/backend.h), as RoiAlignBackend.
@@ -49,7 +64,8 @@ struct RoiAlignRotatedBackend {
   void (*backward)(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const RoiAlignBackwardOptions& opt,
                    const Context& ctx, Workspace ws);
   /// Whether the backward in `mode` enumerates records, so that its workspace follows the
-  /// sample count (the exact mode; on CUDA also the float64 truncated mode).
+  /// samples of the rois (the exact mode; on CUDA also the float64 truncated mode): the roi check
+  /// then totals them (need_total).
   bool (*uses_records)(const RoiAlignRotatedCall& call, BackwardMode mode);
 };
 extern const RoiAlignRotatedBackend kRoiAlignRotatedCpu;

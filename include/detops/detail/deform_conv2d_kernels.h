@@ -25,6 +25,7 @@
 
 #include "detops/detail/gather_backward.h"
 #include "detops/detail/host_device.h"
+#include "detops/detail/strided.h"
 #include "detops/dtype.h"
 
 namespace detops {
@@ -404,14 +405,6 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_bias_element(std::int64_t t, const 
   for (std::int64_t q = 0; q < Q; ++q) sum = sum + go[t * Q + q];
   acc[t] = sum;
   if (last && grad_bias) grad_bias[t * gbs] = from_acc<T>(sum);
-}
-
-/// Element i (NCHW order) of a strided [N, C, H, W] tensor set to 0 (gaps keep their bytes).
-template <class T>
-DETOPS_HOST_DEVICE inline void deform_conv2d_zero_element(std::int64_t i, T* p, const DeformStrides& st, std::int64_t C,
-                                                          std::int64_t H, std::int64_t W) {
-  const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, n = i / (W * H * C);
-  p[n * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_acc<T>(acc_t<T>(0));
 }
 
 }  // namespace detail

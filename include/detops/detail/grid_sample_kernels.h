@@ -7,7 +7,6 @@
 //   grad_grid element      one grid point: the sum over channels, in order, one writer
 //   enumerate element      exact backward, phase 1 of the gather engine: one grid point writes
 //                          its 4 corner records (1 for nearest) into fixed slots
-//   zero element           one element of a strided grad_input set to 0
 #pragma once
 
 #include <cstdint>
@@ -230,14 +229,6 @@ struct GridSampleTarget {
     return (n0 + k / plane) * gi.s0 + (r / W) * gi.s2 + (r % W) * gi.s3;
   }
 };
-
-/// Element i (NCHW order) of a strided [N, C, H, W] tensor set to 0 (gaps keep their bytes).
-template <class T>
-DETOPS_HOST_DEVICE inline void grid_sample_zero_element(std::int64_t i, T* p, const GridSampleStrides& st,
-                                                        std::int64_t C, std::int64_t H, std::int64_t W) {
-  const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, n = i / (W * H * C);
-  p[n * st.s0 + c * st.s1 + y * st.s2 + x * st.s3] = from_acc<T>(acc_t<T>(0));
-}
 
 }  // namespace detail
 }  // namespace detops

@@ -9,15 +9,11 @@
 #include "detops/detail/gather_backward.h"
 #include "detops/detail/host_device.h"
 #include "detops/detail/roi_align_math.h"
+#include "detops/detail/strided.h"
 #include "detops/dtype.h"
 
 namespace detops {
 namespace detail {
-
-/// Strides (in elements) of a 4-d tensor.
-struct Strides4 {
-  std::int64_t s0, s1, s2, s3;
-};
 
 /// Reads the `columns` values of roi row k as doubles (exact for every supported dtype): for
 /// RoIAlign out[0] = batch index, out[1..4] = x1, y1, x2, y2 (RoIAlignRotated reads 6 columns).
@@ -477,21 +473,6 @@ DETOPS_HOST_DEVICE inline void roi_align_truncated_gather_element(std::int64_t t
 // ---------------------------------------------------------------------------------------------
 // Whole-tensor passes over a strided grad_input: one element per thread, i in [0, N*C*H*W) in
 // NCHW order.
-
-/// Offset (in elements) of the i-th NCHW-ordered element of a strided [N, C, H, W] tensor.
-DETOPS_HOST_DEVICE inline std::int64_t nchw_element_offset(std::int64_t i, const Strides4& st, std::int64_t C,
-                                                           std::int64_t H, std::int64_t W) {
-  const std::int64_t x = i % W, y = (i / W) % H, c = (i / (W * H)) % C, b = i / (W * H * C);
-  return b * st.s0 + c * st.s1 + y * st.s2 + x * st.s3;
-}
-
-/// Zeroes element i of a strided tensor (the CUDA backend's zero fill when a memset cannot do it:
-/// gaps between the elements must keep their bytes).
-template <class T>
-DETOPS_HOST_DEVICE inline void fill_zero_element(std::int64_t i, T* p, const Strides4& st, std::int64_t C,
-                                                 std::int64_t H, std::int64_t W) {
-  p[nchw_element_offset(i, st, C, H, W)] = from_acc<T>(acc_t<T>(0));
-}
 
 /// The truncated mode's last step: element i of the dense NCHW double accumulator, rounded once
 /// (to nearest even) into the strided grad_input.

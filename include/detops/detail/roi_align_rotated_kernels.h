@@ -109,40 +109,56 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_backward_scatter_element(std::i
 // ---------------------------------------------------------------------------------------------
 // Roi checks and counts.
 
-/// Samples of roi k (grid_h * grid_w * PH * PW), 0 for an invalid row.
+/// The images [begin, end) of one chunk of the exact mode (its rois enumerate, the others wait for
+/// their own chunk).
+struct ImageRange {
+  std::int64_t begin, end;
+  DETOPS_HOST_DEVICE bool holds(std::int64_t n) const { return n >= begin && n < end; }
+};
+
+/// Samples of roi k (grid_h * grid_w * PH * PW) when it is a valid row of an image in `images`,
+/// else 0.
 template <class A>
 DETOPS_HOST_DEVICE inline std::int64_t rotated_sample_count(const RoiSource& rois, std::int64_t k,
-                                                            const RoiAlignRotatedShape& s) {
+                                                            const RoiAlignRotatedShape& s, const ImageRange& images) {
   const RotatedBox<A> box = load_rotated_box<A>(rois, k, s);
-  return box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
+  return box.batch < 0 || !images.holds(box.batch) ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
 }
 
 /// The roi check, one roi per thread: k in [0, K). Hands an invalid row's index to
-/// `report_bad(k)` and, when `counts` is given, stores the roi's samples (0 when invalid).
-template <class A, class ReportBad>
+/// `report_bad(k)` and, when `counts` is given, stores the roi's samples (0 when invalid) and
+/// hands those of a valid row to `add_image(batch, samples)` (the per-image totals that size the
+/// exact mode's chunks; the CUDA kernel adds them with integer atomics, which do not depend on the
+/// order).
+template <class A, class ReportBad, class AddImage>
 DETOPS_HOST_DEVICE inline void roi_align_rotated_check_element(std::int64_t k, const RoiSource& rois,
                                                                const RoiAlignRotatedShape& s, std::int64_t* counts,
-                                                               ReportBad&& report_bad) {
+                                                               ReportBad&& report_bad, AddImage&& add_image) {
   const RotatedBox<A> box = load_rotated_box<A>(rois, k, s);
   if (box.status != RotatedRoiStatus::kOk) report_bad(k);
-  if (counts) counts[k] = box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
+  if (!counts) return;
+  counts[k] = box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
+  if (box.batch >= 0) add_image(box.batch, counts[k]);
 }
 
-/// Per-roi sample counts for the exact mode's record offsets, k in [0, K + 1); entry K is 0, so
-/// an exclusive scan over K + 1 entries ends with the total.
+/// Per-roi sample counts of one chunk's rois for its record offsets, k in [0, K + 1); rois of
+/// other images and entry K are 0, so an exclusive scan over K + 1 entries ends with the chunk's
+/// total.
 template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_rotated_count_element(std::int64_t k, const RoiSource& rois,
-                                                               const RoiAlignRotatedShape& s, std::int64_t* counts) {
-  counts[k] = k < s.K ? rotated_sample_count<A>(rois, k, s) : 0;
+                                                               const RoiAlignRotatedShape& s, const ImageRange& images,
+                                                               std::int64_t* counts) {
+  counts[k] = k < s.K ? rotated_sample_count<A>(rois, k, s, images) : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, exact mode: an instance of the gather-backward engine (detail/gather_backward.h).
-// Phase 1 writes 4 records per sample at the fixed index
+// Backward, exact mode: an instance of the gather-backward engine (detail/gather_backward.h), one
+// chunk of whole images [begin, end) at a time. Phase 1 writes 4 records per sample of the
+// chunk's rois at the fixed index
 //   4 * (roi_offsets[k] + bin * grid_h * grid_w + iy * grid_w + ix) + corner,
-// the canonical order (roi, bin, sample, corner): key = position n*H*W + y*W + x (the sentinel
-// N*H*W for a sample beyond the apron), weight = w / count, source = the offset of
-// grad_output[k, 0, ph, pw]. Phase 3 sums runs in partials of kGatherPartial records.
+// the canonical order (roi, bin, sample, corner): key = position (n - begin)*H*W + y*W + x (the
+// sentinel, the chunk's positions, for a sample beyond the apron), weight = w / count, source =
+// the offset of grad_output[k, 0, ph, pw]. Phase 3 sums runs in partials of kGatherPartial records.
 //
 // CUDA's float64 truncated mode runs the same phases with `divisors` set: the records then hold
 // the bare weight w and divisors[j] = count, so that phase 3 forms each contribution as the
@@ -152,26 +168,29 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_count_element(std::int64_t k, c
 template <class A>
 struct RotatedEnumerateArgs {
   RoiSource rois;
-  const std::int64_t* roi_offsets;  // exclusive prefix of rotated_sample_count, in samples
+  const std::int64_t* roi_offsets;  // K + 1: exclusive prefix of rotated_sample_count over the chunk, in samples
   RoiAlignRotatedShape shape;
   Strides4 go;  // grad_output strides
   GatherRecords<A> rec;
+  ImageRange images;           // the chunk
   double* divisors = nullptr;  // CUDA's float64 truncated mode only
 };
 
-/// Phase 1, one (roi, bin) per thread: t in [0, K*PH*PW). Records of invalid rows and of
-/// samples beyond the apron keep gather_init_record's sentinel (set before this pass).
+/// Phase 1, one (roi, bin) per thread: t in [0, K*PH*PW). Rois without samples in the chunk
+/// (other images', invalid rows, empty grids) write nothing and return before reading the roi;
+/// records of samples beyond the apron keep gather_init_record's sentinel (set before this pass).
 template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_rotated_enumerate_bin(std::int64_t t, const RotatedEnumerateArgs<A>& a) {
   const RoiAlignRotatedShape& s = a.shape;
   const std::int64_t bins = s.PH * s.PW;
   const std::int64_t k = t / bins, bin = t % bins;
+  if (a.roi_offsets[k + 1] == a.roi_offsets[k]) return;  // every chunk launches every roi's threads
   const std::int64_t ph = bin / s.PW, pw = bin % s.PW;
   const RotatedBox<A> box = load_rotated_box<A>(a.rois, k, s);
-  if (box.batch < 0) return;  // contributes no records (its count is 0)
+  if (box.batch < 0 || !a.images.holds(box.batch)) return;  // contributes no records here (its count is 0)
   const std::int64_t per_bin = box.grid_h * box.grid_w;
   const std::int64_t first = 4 * (a.roi_offsets[k] + bin * per_bin);
-  const std::uint64_t plane = static_cast<std::uint64_t>(box.batch * s.H * s.W);
+  const std::uint64_t plane = static_cast<std::uint64_t>((box.batch - a.images.begin) * s.H * s.W);
   const A count = static_cast<A>(per_bin);
   const std::int64_t go_offset = k * a.go.s0 + ph * a.go.s2 + pw * a.go.s3;
   for (std::int64_t iy = 0; iy < box.grid_h; ++iy)
@@ -191,14 +210,15 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_enumerate_bin(std::int64_t t, c
     }
 }
 
-/// The engine's phase-3 arguments: grad_output flows into grad_input, partials of kGatherPartial.
+/// The engine's phase-3 arguments for one chunk: grad_output flows into grad_input (the chunk's
+/// first image: keys count from it), `positions` is the chunk's sentinel, partials of
+/// kGatherPartial.
 template <class T>
 DETOPS_HOST_DEVICE inline GatherSumArgs<T, acc_t<T>> rotated_gather_sum_args(const GatherSorted<acc_t<T>>& sorted,
                                                                              const T* grad_output, std::int64_t go_c,
                                                                              T* grad_input, std::int64_t gi_c,
-                                                                             const RoiAlignRotatedShape& s) {
-  return {sorted, grad_output, go_c, grad_input, gi_c, s.C, static_cast<std::uint64_t>(s.N * s.H * s.W),
-          kGatherPartial};
+                                                                             std::int64_t C, std::uint64_t positions) {
+  return {sorted, grad_output, go_c, grad_input, gi_c, C, positions, kGatherPartial};
 }
 
 /// The float64 truncated mode's divisors into sorted order (the engine permutes weights and

@@ -1,0 +1,162 @@
+// What the entry points of the roi pooling ops (src/roi_align.cpp, src/roi_align_rotated.cpp)
+// share: the checks of the options and tensors both ops take, the roi check's dispatch, the exact
+// mode's record budget and the backward's workspace. Each op's file keeps what differs: its rois'
+// columns, its own options, the messages for a bad row, and its backend table.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include "detops/backward_mode.h"
+#include "detops/context.h"
+#include "detops/detail/roi_align_math.h"
+#include "detops/roi_align.h"
+#include "internal/common.h"
+#include "internal/scratch.h"
+#include "internal/validate.h"
+
+namespace detops {
+namespace internal {
+
+/// The options both ops have (RoiAlignOptions, RoiAlignRotatedOptions): a pooled size, a finite
+/// positive spatial_scale, max_samples_per_roi in [1, 2^40], and a fixed sampling_ratio whose
+/// samples per roi fit max_samples_per_roi.
+template <class Options>
+void check_pooling_options(const char* op, const Options& o) {
+  constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+  if (o.pooled_height <= 0 || o.pooled_width <= 0)
+    fail(kBad, "{}: pooled size is {}x{}; expected pooled_height and pooled_width > 0", op, o.pooled_height,
+         o.pooled_width);
+  if (!(std::isfinite(o.spatial_scale) && o.spatial_scale > 0))
+    fail(kBad, "{}: spatial_scale is {}; expected a finite value > 0", op, o.spatial_scale);
+  constexpr std::int64_t kMaxSamplesLimit = std::int64_t{1} << 40;  // keeps every product below 2^63
+  if (o.max_samples_per_roi <= 0 || o.max_samples_per_roi > kMaxSamplesLimit)
+    fail(kBad, "{}: max_samples_per_roi is {}; expected a value in [1, 2^40]", op, o.max_samples_per_roi);
+  if (o.sampling_ratio > 0) {
+    const double per_roi = static_cast<double>(o.sampling_ratio) * static_cast<double>(o.sampling_ratio) *
+                           static_cast<double>(o.pooled_height) * static_cast<double>(o.pooled_width);
+    if (per_roi > static_cast<double>(o.max_samples_per_roi))
+      fail(kBad, "{}: sampling_ratio {} with pooled size {}x{} takes {} samples per roi; expected at most "
+           "max_samples_per_roi = {}", op, o.sampling_ratio, o.pooled_height, o.pooled_width, per_roi,
+           o.max_samples_per_roi);
+  }
+}
+
+/// The backward's mode and truncation format are enumerators this version knows.
+inline void check_backward_options(const char* op, const RoiAlignBackwardOptions& b) {
+  constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kTruncated && b.mode != BackwardMode::kExact)
+    fail(kBad, "{}: backward mode {} is unknown; expected atomic, truncated or exact", op, static_cast<int>(b.mode));
+  if (b.truncation != TruncationFormat::kFloat16 && b.truncation != TruncationFormat::kBFloat16)
+    fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
+}
+
+/// rois: rank 2 with `columns` columns (`row_format` names them for the message), in the dtype of
+/// `features` (the map, named `features_name`), float32 or float64, on its device.
+inline void check_rois_tensor(const char* op, const TensorView& rois, int columns, const char* row_format,
+                              const TensorView& features, const char* features_name) {
+  constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+  check_tensor(op, "rois", rois, 2);
+  if (rois.sizes[1] != columns)
+    fail(kBad, "{}: rois has sizes {}; expected [K, {}] rows {}", op, sizes_str(rois), columns, row_format);
+  const bool ok_dtype = rois.dtype == features.dtype || rois.dtype == DType::kFloat32 || rois.dtype == DType::kFloat64;
+  if (!ok_dtype || !is_floating(rois.dtype))
+    fail(kBad, "{}: rois has dtype {}; expected {} (the dtype of {}), float32 or float64", op, dtype_name(rois.dtype),
+         dtype_name(features.dtype), features_name);
+  check_same_device(op, "rois", rois, features_name, features);
+}
+
+/// A pooled tensor `name` (output, grad_output, argmax): sizes [K, C, PH, PW] of the options'
+/// pooled size, `dtype`, on the device of `ref` (named `ref_name`).
+template <class Options>
+void check_pooled(const char* op, const char* name, const TensorView& v, std::int64_t K, std::int64_t C,
+                  const Options& o, DType dtype, const TensorView& ref, const char* ref_name) {
+  constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+  check_tensor(op, name, v, 4);
+  if (v.sizes[0] != K || v.sizes[1] != C || v.sizes[2] != o.pooled_height || v.sizes[3] != o.pooled_width)
+    fail(kBad, "{}: {} has sizes {}; expected [K, C, PH, PW] = [{}, {}, {}, {}]", op, name, sizes_str(v), K, C,
+         o.pooled_height, o.pooled_width);
+  if (v.dtype != dtype) {
+    if (dtype == ref.dtype)
+      fail(kBad, "{}: {} has dtype {}; expected {} (the dtype of {})", op, name, dtype_name(v.dtype),
+           dtype_name(dtype), ref_name);
+    fail(kBad, "{}: {} has dtype {}; expected {}", op, name, dtype_name(v.dtype), dtype_name(dtype));
+  }
+  check_same_device(op, name, v, ref_name, ref);
+}
+
+/// With K rois and channels to pool, the map `name` (input or grad_input) must have pixels.
+inline void check_map_has_pixels(const char* op, const char* name, const TensorView& map, std::int64_t K) {
+  if (K > 0 && map.sizes[1] > 0 && (map.sizes[2] == 0 || map.sizes[3] == 0))
+    fail(ErrorCode::kInvalidArgument, "{}: {} has sizes {}; expected H > 0 and W > 0 when there are rois", op, name,
+         sizes_str(map));
+}
+
+/// The scalar shape the kernels of both ops read (RoiAlignRotatedShape extends it), from the map
+/// (input or grad_input), the roi count and the options.
+template <class Options>
+detail::RoiAlignShape pooling_shape(const TensorView& features, std::int64_t K, const Options& o) {
+  detail::RoiAlignShape s{};
+  s.N = features.sizes[0];
+  s.C = features.sizes[1];
+  s.H = features.sizes[2];
+  s.W = features.sizes[3];
+  s.K = K;
+  s.PH = o.pooled_height;
+  s.PW = o.pooled_width;
+  s.spatial_scale = o.spatial_scale;
+  s.sampling_ratio = o.sampling_ratio;
+  s.aligned = o.aligned;
+  s.max_samples_per_roi = o.max_samples_per_roi;
+  return s;
+}
+
+/// The message of a bad batch index, the same for both ops.
+[[noreturn]] inline void raise_bad_batch_index(const char* op, std::int64_t row, double value, std::int64_t N) {
+  fail(ErrorCode::kInvalidArgument, "{}: rois[{}] has batch index {}; expected an integer in [0, {})", op, row, value,
+       N);
+}
+
+/// The roi check of a call with K rois: run() (the backend's check_rois) when the options ask to
+/// check the rows or the workspace needs the sample totals (need_total), then raise(check) (the
+/// op's message for the first bad row) when checking. No rois: nothing to read, totals 0.
+template <class Check, class Run, class Raise>
+Check check_roi_values(std::int64_t K, bool check_rois, bool need_total, Run&& run, Raise&& raise) {
+  Check check;
+  if (K == 0) {
+    check.total_samples = 0;
+    return check;
+  }
+  if (!check_rois && !need_total) return check;
+  check = run();
+  if (check_rois) raise(check);
+  return check;
+}
+
+/// The exact mode's records (4 per sample, `samples` in all) stay within 2^40: sized in double
+/// first, so that a huge problem is an error, not an overflow.
+inline void check_record_budget(const char* op, BackwardMode mode, const detail::RoiAlignShape& s,
+                                std::int64_t total_samples) {
+  const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
+                                                    static_cast<double>(s.PW) * static_cast<double>(s.sampling_ratio) *
+                                                    static_cast<double>(s.sampling_ratio)
+                                              : static_cast<double>(total_samples);
+  if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
+    fail(ErrorCode::kOutOfMemory, "{}: the {} mode would need {} records (4 per sample); expected at most 2^40 "
+         "(use fewer rois per call or a smaller sampling_ratio)", op, to_string(mode), 4.0 * samples);
+}
+
+/// The backward's last step: its workspace of `bytes` (the caller's, checked for size and for
+/// overlap with `views`, or one from ctx.allocator), then run(workspace) unless grad_input is empty.
+template <class Run>
+void run_in_workspace(const char* op, std::size_t bytes, const TensorView& grad_input, const Context& ctx,
+                      Workspace workspace, std::initializer_list<NamedView> views, const char* size_query, Run&& run) {
+  const Scratch scratch(op, bytes, grad_input.device, ctx, workspace, views, size_query);
+  if (grad_input.numel() == 0) return;
+  run(scratch.workspace(bytes));
+}
+
+}  // namespace internal
+}  // namespace detops
