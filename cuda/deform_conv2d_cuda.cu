@@ -22,7 +22,7 @@ namespace internal {
 namespace {
 
 using detail::DeformConv2dShape;
-using detail::DeformStrides;
+using detail::Strides4;
 
 /// The scatter's add: an atomicAdd into grad_input.
 template <class T>
@@ -46,23 +46,23 @@ __global__ void gemm_kernel(detail::DeformGemmArgs<A> g, std::int64_t n) {
 }
 
 template <class T>
-__global__ void weight_kernel(const T* weight, DeformStrides ws, DeformConv2dShape s, acc_t<T>* w, std::int64_t n) {
+__global__ void weight_kernel(const T* weight, Strides4 ws, DeformConv2dShape s, acc_t<T>* w, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_weight_element(t, weight, ws, s, w);
 }
 
 template <class T>
-__global__ void store_weight_kernel(const acc_t<T>* acc, DeformConv2dShape s, T* gw, DeformStrides ws, std::int64_t n) {
+__global__ void store_weight_kernel(const acc_t<T>* acc, DeformConv2dShape s, T* gw, Strides4 ws, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_store_weight_element(t, acc, s, gw, ws);
 }
 
 template <class T>
 __global__ void output_kernel(const acc_t<T>* acc, std::int64_t Q, const T* bias, std::int64_t bias_s,
-                              DeformConv2dShape s, std::int64_t n0, T* out, DeformStrides os, std::int64_t n) {
+                              DeformConv2dShape s, std::int64_t n0, T* out, Strides4 os, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_output_element(t, acc, Q, bias, bias_s, s, n0, out, os);
 }
 
 template <class T>
-__global__ void grad_output_kernel(const T* grad_output, DeformStrides gs, DeformConv2dShape s, std::int64_t n0,
+__global__ void grad_output_kernel(const T* grad_output, Strides4 gs, DeformConv2dShape s, std::int64_t n0,
                                    std::int64_t Q, acc_t<T>* go, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_grad_output_element(t, grad_output, gs, s, n0, Q, go);
 }
@@ -74,13 +74,13 @@ __global__ void bias_kernel(const acc_t<T>* go, std::int64_t Q, acc_t<T>* acc, b
 }
 
 template <class T>
-__global__ void offset_kernel(detail::DeformConv2dBackwardArgs<T> a, T* grad_offset, DeformStrides gos, T* grad_mask,
-                              DeformStrides gms, std::int64_t n) {
+__global__ void offset_kernel(detail::DeformConv2dBackwardArgs<T> a, T* grad_offset, Strides4 gos, T* grad_mask,
+                              Strides4 gms, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_offset_element(t, a, grad_offset, gos, grad_mask, gms);
 }
 
 template <class T>
-__global__ void scatter_kernel(detail::DeformConv2dBackwardArgs<T> a, DeformStrides gi, AtomicAddTo<T> add,
+__global__ void scatter_kernel(detail::DeformConv2dBackwardArgs<T> a, Strides4 gi, AtomicAddTo<T> add,
                                std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) detail::deform_conv2d_scatter_element(t, a, gi, add);
 }
@@ -121,27 +121,19 @@ void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx)
   check_launch("weight_kernel", call.op, ctx);
 }
 
-/// The exact mode's chunk capacity: records and positions (the sentinel).
-std::int64_t exact_records(const DeformConv2dShape& s) {
-  return deform_chunk_images(s) * s.offset_groups * s.taps() * s.positions() * 4;
-}
-std::int64_t exact_positions(const DeformConv2dShape& s) {
-  return deform_chunk_images(s) * s.offset_groups * s.H * s.W;
-}
-
 template <class A>
 WorkspaceLayout backward_layout(const DeformConv2dCall& call, BackwardMode mode, std::size_t temp_bytes) {
   WorkspaceLayout l;
   const DeformWants w = deform_wants(call);
   add_deform_backward<A>(l, call.shape, w);
-  if (mode == BackwardMode::kExact && w.input) add_gather_cuda<A>(l, exact_records(call.shape), temp_bytes);
+  if (mode == BackwardMode::kExact && w.input) add_gather_cuda<A>(l, deform_exact_records(call.shape), temp_bytes);
   return l;
 }
 
 std::size_t exact_temp_bytes(const DeformConv2dCall& call, BackwardMode mode) {
   if (mode != BackwardMode::kExact || !deform_wants(call).input) return 0;
-  return gather_cuda_temp_bytes(exact_records(call.shape), static_cast<std::uint64_t>(exact_positions(call.shape)),
-                                call.op);
+  return gather_cuda_temp_bytes(deform_exact_records(call.shape),
+                                static_cast<std::uint64_t>(deform_exact_positions(call.shape)), call.op);
 }
 
 template <class T>
@@ -193,7 +185,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
   if (w.bias) DETOPS_CUDA_CHECK(cudaMemsetAsync(buf.bias_acc, 0, sizeof(A) * s.Cout, stream), call.op);
   if (w.weight && s.N == 0) DETOPS_CUDA_CHECK(cudaMemsetAsync(buf.weight_acc, 0, sizeof(A) * wsize, stream), call.op);
   const std::int64_t chunk = deform_chunk_images(s), P = s.positions();
-  const auto sentinel = static_cast<std::uint64_t>(exact_positions(s));
+  const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s));
   for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
     const std::int64_t images = std::min(chunk, s.N - n0), Q = images * P;
     const bool last = n0 + images >= s.N;
@@ -221,7 +213,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
       check_launch("offset_kernel", call.op, ctx);
     }
     if (!w.input) continue;
-    const DeformStrides gi = dc_strides(call.grads.grad_input);
+    const Strides4 gi = dc_strides(call.grads.grad_input);
     if (mode == BackwardMode::kExact) {
       enumerate_kernel<T><<<grid_for(points), kBlock, 0, stream>>>(a, sentinel, gather.records, points);
       check_launch("enumerate_kernel", call.op, ctx);
@@ -254,14 +246,6 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
 // ---------------------------------------------------------------------------------------------
 // Entry points (the table kDeformConv2dCuda at the bottom)
 
-std::size_t forward_workspace(const DeformConv2dCall& call) {
-  return dispatch_floating(call.input.dtype, [&](auto tag) {
-    WorkspaceLayout l;
-    add_deform_forward<acc_t<decltype(tag)>>(l, call.shape);
-    return l.bytes();
-  });
-}
-
 void forward(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.input.device.index, call.op);
   dispatch_floating(call.input.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx, ws); });
@@ -282,7 +266,7 @@ void backward(const DeformConv2dCall& call, BackwardMode mode, const Context& ct
 
 }  // namespace
 
-extern const DeformConv2dBackend kDeformConv2dCuda = {&forward_workspace, &forward, &backward_workspace, &backward};
+extern const DeformConv2dBackend kDeformConv2dCuda = {&forward, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

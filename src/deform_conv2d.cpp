@@ -197,7 +197,7 @@ internal::DeformConv2dCall validate_backward(const char* op, const TensorView& g
 
 std::size_t forward_bytes(const internal::DeformConv2dCall& call) {
   if (call.output.numel() == 0) return 0;
-  return backend(call).forward_workspace(call);
+  return internal::deform_forward_workspace_bytes(call);
 }
 
 std::size_t backward_bytes(const internal::DeformConv2dCall& call, BackwardMode mode) {

@@ -92,8 +92,7 @@ test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const
   r.grad_input = Tensor::empty({p.N, p.Cin, p.H, p.W}, dt, Device::cpu(), layout);
   std::memset(r.grad_input.view().data, 0x7f, r.grad_input.nbytes());  // zero_kernel must clear it
   grid(r.grad_input.view().numel(), [&](std::int64_t i) {
-    const detail::DeformStrides g = dc_strides(r.grad_input);
-    detail::fill_zero_element(i, r.grad_input.data<T>(), detail::Strides4{g.s0, g.s1, g.s2, g.s3}, p.Cin, p.H, p.W);
+    detail::fill_zero_element(i, r.grad_input.data<T>(), dc_strides(r.grad_input), p.Cin, p.H, p.W);
   });
   r.grad_weight = Tensor::empty(std::vector<std::int64_t>(t.weight.view().sizes, t.weight.view().sizes + 4), dt);
   r.grad_offset = Tensor::empty(std::vector<std::int64_t>(t.offset.view().sizes, t.offset.view().sizes + 4), dt,
@@ -111,14 +110,14 @@ test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const
   grid(s.Cout * rg, [&](std::int64_t i) {
     detail::deform_conv2d_weight_element(i, t.weight.data<T>(), dc_strides(t.weight), s, w.data());
   });
-  const std::int64_t records_cap = chunk * s.offset_groups * s.taps() * P * 4;
-  const auto sentinel = static_cast<std::uint64_t>(chunk * s.offset_groups * s.H * s.W);
+  const std::int64_t records_cap = internal::deform_exact_records(s);
+  const auto sentinel = static_cast<std::uint64_t>(internal::deform_exact_positions(s));
   std::vector<std::uint64_t> keys(size(records_cap)), sorted_keys(size(records_cap));
   std::vector<std::int64_t> ids(size(records_cap)), sorted_ids(size(records_cap)), sources(size(records_cap)),
       sorted_sources(size(records_cap));
   std::vector<A> weights(size(records_cap)), sorted_weights(size(records_cap));
   const detail::GatherRecords<A> rec{keys.data(), ids.data(), weights.data(), sources.data()};
-  const detail::DeformStrides gis = dc_strides(r.grad_input);
+  const detail::Strides4 gis = dc_strides(r.grad_input);
   for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
     const std::int64_t images = std::min(chunk, s.N - n0), Q = images * P;
     const bool last = n0 + images >= s.N;

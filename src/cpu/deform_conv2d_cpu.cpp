@@ -34,7 +34,7 @@ namespace {
 using detail::DeformConv2dShape;
 using detail::DeformCorners;
 using detail::DeformCoord;
-using detail::DeformStrides;
+using detail::Strides4;
 
 void run_gemm(const detail::DeformGemmArgs<float>& g, const Context& ctx) {
   cpu_kernels(ctx).gemm_f32(g, ctx.resolved_threads());
@@ -96,7 +96,7 @@ template <class T>
 void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx) {
   const DeformConv2dShape& s = call.shape;
   const T* weight = static_cast<const T*>(call.weight.data);
-  const DeformStrides ws = dc_strides(call.weight);
+  const Strides4 ws = dc_strides(call.weight);
   for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx,
            [&](std::int64_t t) { detail::deform_conv2d_weight_element(t, weight, ws, s, w); });
 }
@@ -114,7 +114,7 @@ void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace w
   const T* bias = s.has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
   const std::int64_t bias_s = s.has_bias ? call.bias.strides[0] : 0;
   T* out = static_cast<T*>(call.output.data);
-  const DeformStrides os = dc_strides(call.output);
+  const Strides4 os = dc_strides(call.output);
   const std::int64_t chunk = deform_chunk_images(s);
   for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
     const std::int64_t images = std::min(chunk, s.N - n0), Q = images * s.positions();
@@ -130,12 +130,11 @@ void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace w
 template <class T>
 void zero_fill(const TensorView& v, const Context& ctx) {
   if (!v.defined() || v.numel() == 0) return;
-  const DeformStrides st = dc_strides(v);
+  const Strides4 st = dc_strides(v);
   const std::int64_t C = v.sizes[1], H = v.sizes[2], W = v.sizes[3];
   T* p = static_cast<T*>(v.data);
-  const detail::Strides4 s4{st.s0, st.s1, st.s2, st.s3};
   for_each(v.sizes[0] * C, 16, ctx, [&](std::int64_t nc) {
-    for (std::int64_t i = nc * H * W; i < (nc + 1) * H * W; ++i) detail::fill_zero_element(i, p, s4, C, H, W);
+    for (std::int64_t i = nc * H * W; i < (nc + 1) * H * W; ++i) detail::fill_zero_element(i, p, st, C, H, W);
   });
 }
 
@@ -148,7 +147,7 @@ void scatter_input(const DeformConv2dCall& call, const detail::DeformConv2dBackw
   const DeformConv2dShape& s = call.shape;
   const std::int64_t P = s.positions(), taps = s.taps(), og = s.offset_groups, cg = s.offset_group_channels();
   T* gi = static_cast<T*>(call.grads.grad_input.data);
-  const DeformStrides gs = dc_strides(call.grads.grad_input);
+  const Strides4 gs = dc_strides(call.grads.grad_input);
   for_each(images * og * taps * P, 1024, ctx, [&](std::int64_t t) {
     const std::int64_t p = t % P, tap = (t / P) % taps, g = (t / (P * taps)) % og, b = t / (P * taps * og);
     points[t] = detail::deform_scatter_point(a.f, a.n0 + b, g, tap, p, gs);
@@ -172,18 +171,12 @@ void scatter_input(const DeformConv2dCall& call, const detail::DeformConv2dBackw
 }
 
 template <class A>
-void add_exact(WorkspaceLayout& l, const DeformConv2dShape& s) {
-  const std::int64_t images = deform_chunk_images(s);
-  add_gather_cpu<A>(l, images * s.offset_groups * s.taps() * s.positions() * 4,
-                    images * s.offset_groups * s.H * s.W);
-}
-
-template <class A>
 WorkspaceLayout backward_layout(const DeformConv2dCall& call, BackwardMode mode) {
   WorkspaceLayout l;
   const DeformWants w = deform_wants(call);
   add_deform_backward<A>(l, call.shape, w);
-  if (mode == BackwardMode::kExact && w.input) add_exact<A>(l, call.shape);
+  if (mode == BackwardMode::kExact && w.input)
+    add_gather_cpu<A>(l, deform_exact_records(call.shape), deform_exact_positions(call.shape));
   if (mode == BackwardMode::kAtomic && w.input)  // the scatter's sample table
     l.add<detail::DeformScatterPoint<A>>(deform_chunk_images(call.shape) * call.shape.offset_groups *
                                          call.shape.taps() * call.shape.positions());
@@ -199,11 +192,11 @@ void exact_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwar
   const DeformConv2dShape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const std::int64_t points = images * s.offset_groups * s.taps() * s.positions();
-  const auto sentinel = static_cast<std::uint64_t>(deform_chunk_images(s) * s.offset_groups * s.H * s.W);
+  const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s));
   for_each(points, 1024, ctx, [&](std::int64_t t) { detail::deform_conv2d_enumerate_element(t, a, sentinel, g.records); });
   detail::GatherSorted<A> sorted{};
   const std::int64_t runs = gather_sort_cpu(g, points * 4, sentinel, threads, sorted);
-  const DeformStrides gs = dc_strides(call.grads.grad_input);
+  const Strides4 gs = dc_strides(call.grads.grad_input);
   const detail::GatherSumArgs<T, A, A> sa{sorted, a.grad_col, s.taps() * a.Q, static_cast<T*>(call.grads.grad_input.data),
                                        gs.s1, s.offset_group_channels(), sentinel, detail::kGatherPartial};
   // channels outermost: a channel's grad_columns rows (taps * Q values) stay in cache while every
@@ -230,7 +223,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
   const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
   widen_weight<T>(call, buf.weight, ctx);
   const T* grad_output = static_cast<const T*>(call.grad_output.data);
-  const DeformStrides gos = dc_strides(call.grad_output);
+  const Strides4 gos = dc_strides(call.grad_output);
   T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;
   T* grad_mask = w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
   T* grad_bias = w.bias ? static_cast<T*>(call.grads.grad_bias.data) : nullptr;
@@ -255,7 +248,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
     run_gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q), ctx);
     const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
     if (w.offset || w.mask) {
-      const DeformStrides offs = dc_strides(call.grads.grad_offset), ms = dc_strides(call.grads.grad_mask);
+      const Strides4 offs = dc_strides(call.grads.grad_offset), ms = dc_strides(call.grads.grad_mask);
       for_each(images * s.offset_groups * s.taps() * P, 256, ctx, [&](std::int64_t t) {
         detail::deform_conv2d_offset_element(t, a, grad_offset, offs, grad_mask, ms);
       });
@@ -267,7 +260,7 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
   }
   if (w.weight) {
     T* gw = static_cast<T*>(call.grads.grad_weight.data);
-    const DeformStrides gws = dc_strides(call.grads.grad_weight);
+    const Strides4 gws = dc_strides(call.grads.grad_weight);
     if (s.N == 0) std::fill(buf.weight_acc, buf.weight_acc + s.Cout * s.group_in() * s.taps(), A(0));
     for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx, [&](std::int64_t t) {
       detail::deform_conv2d_store_weight_element(t, buf.weight_acc, s, gw, gws);
@@ -279,14 +272,6 @@ void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Conte
 
 // ---------------------------------------------------------------------------------------------
 // Entry points (the table kDeformConv2dCpu at the bottom)
-
-std::size_t forward_workspace(const DeformConv2dCall& call) {
-  return dispatch_floating(call.input.dtype, [&](auto tag) {
-    WorkspaceLayout l;
-    add_deform_forward<acc_t<decltype(tag)>>(l, call.shape);
-    return l.bytes();
-  });
-}
 
 void forward(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
   dispatch_floating(call.input.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx, ws); });
@@ -303,7 +288,7 @@ void backward(const DeformConv2dCall& call, BackwardMode mode, const Context& ct
 
 }  // namespace
 
-extern const DeformConv2dBackend kDeformConv2dCpu = {&forward_workspace, &forward, &backward_workspace, &backward};
+extern const DeformConv2dBackend kDeformConv2dCpu = {&forward, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

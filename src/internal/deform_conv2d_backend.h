@@ -26,7 +26,7 @@ struct DeformConv2dCall {
   detail::DeformConv2dShape shape;
 };
 
-inline detail::DeformStrides dc_strides(const TensorView& v) {
+inline detail::Strides4 dc_strides(const TensorView& v) {
   if (!v.defined() || v.rank != 4) return {0, 0, 0, 0};
   return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]};
 }
@@ -54,6 +54,15 @@ inline std::int64_t deform_chunk_images(const detail::DeformConv2dShape& s) {
   return std::max<std::int64_t>(1, std::min(s.N, std::max(per_image, kDeformColumnBudget) / per_image));
 }
 
+/// The exact mode's chunk capacity: records (4 per image, offset group, tap and position) and
+/// positions, the engine's sentinel key ((image, offset group, pixel) keys).
+inline std::int64_t deform_exact_records(const detail::DeformConv2dShape& s) {
+  return deform_chunk_images(s) * s.offset_groups * s.taps() * s.positions() * 4;
+}
+inline std::int64_t deform_exact_positions(const detail::DeformConv2dShape& s) {
+  return deform_chunk_images(s) * s.offset_groups * s.H * s.W;
+}
+
 /// Which parts of the backward a call wants.
 struct DeformWants {
   bool input, weight, offset, mask, bias;
@@ -78,6 +87,14 @@ void add_deform_forward(WorkspaceLayout& l, const detail::DeformConv2dShape& s) 
   l.add<A>(s.Cout * s.group_in() * s.taps());
   l.add<A>(s.rows() * Q);
   l.add<A>(s.Cout * Q);
+}
+/// Bytes of the forward's layout (without the alignment slack).
+inline std::size_t deform_forward_workspace_bytes(const DeformConv2dCall& call) {
+  return dispatch_floating(call.input.dtype, [&](auto tag) {
+    WorkspaceLayout l;
+    add_deform_forward<acc_t<decltype(tag)>>(l, call.shape);
+    return l.bytes();
+  });
 }
 template <class A>
 DeformForwardBuffers<A> take_deform_forward(WorkspaceLayout& l) {
@@ -147,8 +164,8 @@ detail::DeformGemmArgs<A> deform_grad_weight_gemm(const detail::DeformConv2dShap
 /// A deform_conv2d backend: one table per device (internal/backend.h), defined at the bottom of
 /// src/cpu/deform_conv2d_cpu.cpp and cuda/deform_conv2d_cuda.cu.
 struct DeformConv2dBackend {
-  /// Bytes of the forward's WorkspaceLayout (without the alignment slack).
-  std::size_t (*forward_workspace)(const DeformConv2dCall& call);
+  /// The forward into call.output; ws is deform_forward_workspace_bytes() of memory,
+  /// kWorkspaceAlign-aligned (the forward's layout is the same on every backend).
   void (*forward)(const DeformConv2dCall& call, const Context& ctx, Workspace ws);
   /// Bytes of the backward's WorkspaceLayout for `mode`.
   std::size_t (*backward_workspace)(const DeformConv2dCall& call, BackwardMode mode);

@@ -45,11 +45,6 @@ struct DeformConv2dShape {
   DETOPS_HOST_DEVICE std::int64_t offset_group_channels() const { return offset_groups > 0 ? Cin / offset_groups : 0; }
 };
 
-/// Strides of a 4-d tensor (elements).
-struct DeformStrides {
-  std::int64_t s0, s1, s2, s3;
-};
-
 /// Where tap (i, j) of output position (ho, wo) samples, in the accumulation type: torchvision's
 /// integer base plus the offset, and the modulation.
 template <class A>
@@ -132,11 +127,11 @@ DETOPS_HOST_DEVICE inline A deform_col2im_weight(const DeformCorners<A>& c, A y,
 template <class T>
 struct DeformConv2dArgs {
   const T* input;
-  DeformStrides in;
+  Strides4 in;
   const T* offset;
-  DeformStrides off;
+  Strides4 off;
   const T* mask;  // null without mask
-  DeformStrides mk;
+  Strides4 mk;
   DeformConv2dShape s;
 };
 
@@ -228,7 +223,7 @@ DETOPS_HOST_DEVICE inline void deform_gemm_element(std::int64_t t, const DeformG
 /// weight widened to A, one element per thread: t in [0, Cout * Rg) (Rg = Cin / groups * taps),
 /// w[t] = weight[o, c, i, j] with t = o * Rg + c * taps + i * kw + j (the GEMMs' A).
 template <class T>
-DETOPS_HOST_DEVICE inline void deform_conv2d_weight_element(std::int64_t t, const T* weight, const DeformStrides& ws,
+DETOPS_HOST_DEVICE inline void deform_conv2d_weight_element(std::int64_t t, const T* weight, const Strides4& ws,
                                                             const DeformConv2dShape& s, acc_t<T>* w) {
   const std::int64_t rg = s.group_in() * s.taps(), o = t / rg, r = t % rg, c = r / s.taps(), tap = r % s.taps();
   w[t] = to_acc(weight[o * ws.s0 + c * ws.s1 + (tap / s.kw) * ws.s2 + (tap % s.kw) * ws.s3]);
@@ -238,7 +233,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_weight_element(std::int64_t t, cons
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_store_weight_element(std::int64_t t, const acc_t<T>* acc,
                                                                   const DeformConv2dShape& s, T* grad_weight,
-                                                                  const DeformStrides& ws) {
+                                                                  const Strides4& ws) {
   const std::int64_t rg = s.group_in() * s.taps(), o = t / rg, r = t % rg, c = r / s.taps(), tap = r % s.taps();
   grad_weight[o * ws.s0 + c * ws.s1 + (tap / s.kw) * ws.s2 + (tap % s.kw) * ws.s3] = from_acc<T>(acc[t]);
 }
@@ -248,7 +243,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_store_weight_element(std::int64_t t
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_output_element(std::int64_t t, const acc_t<T>* acc, std::int64_t Q,
                                                             const T* bias, std::int64_t bias_s, const DeformConv2dShape& s,
-                                                            std::int64_t n0, T* out, const DeformStrides& os) {
+                                                            std::int64_t n0, T* out, const Strides4& os) {
   const std::int64_t o = t / Q, q = t % Q, P = s.positions();
   const std::int64_t n = n0 + q / P, p = q % P;
   const acc_t<T> v = bias ? acc[t] + to_acc(bias[o * bias_s]) : acc[t];
@@ -259,7 +254,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_output_element(std::int64_t t, cons
 /// [Cout, Q] order.
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_grad_output_element(std::int64_t t, const T* grad_output,
-                                                                 const DeformStrides& gs, const DeformConv2dShape& s,
+                                                                 const Strides4& gs, const DeformConv2dShape& s,
                                                                  std::int64_t n0, std::int64_t Q, acc_t<T>* go) {
   const std::int64_t o = t / Q, q = t % Q, P = s.positions();
   const std::int64_t n = n0 + q / P, p = q % P;
@@ -281,8 +276,8 @@ struct DeformConv2dBackwardArgs {
 /// null (not wanted).
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
-                                                            T* grad_offset, const DeformStrides& gos, T* grad_mask,
-                                                            const DeformStrides& gms) {
+                                                            T* grad_offset, const Strides4& gos, T* grad_mask,
+                                                            const Strides4& gms) {
   using A = acc_t<T>;
   const DeformConv2dShape& s = a.f.s;
   const std::int64_t P = s.positions(), taps = s.taps(), og = s.offset_groups;
@@ -326,7 +321,7 @@ template <class T>
 DETOPS_HOST_DEVICE inline DeformScatterPoint<acc_t<T>> deform_scatter_point(const DeformConv2dArgs<T>& a,
                                                                             std::int64_t n, std::int64_t g,
                                                                             std::int64_t tap, std::int64_t p,
-                                                                            const DeformStrides& gi) {
+                                                                            const Strides4& gi) {
   using A = acc_t<T>;
   const DeformConv2dShape& s = a.s;
   const DeformCoord<A> pt = deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);
@@ -345,7 +340,7 @@ DETOPS_HOST_DEVICE inline DeformScatterPoint<acc_t<T>> deform_scatter_point(cons
 /// add(offset in grad_input, (w * m) * gc) for each corner with a col2im weight, y0x0 .. y1x1.
 template <class T, class Add>
 DETOPS_HOST_DEVICE inline void deform_conv2d_scatter_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
-                                                             const DeformStrides& gi, const Add& add) {
+                                                             const Strides4& gi, const Add& add) {
   const DeformConv2dShape& s = a.f.s;
   const std::int64_t P = s.positions(), taps = s.taps();
   const std::int64_t r = t / a.Q, q = t % a.Q, c = r / taps, tap = r % taps;
@@ -387,7 +382,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_enumerate_element(std::int64_t t, c
 /// The exact mode's destination map: key -> offset of grad_input[n0 + b, g * Cog, yp, xp].
 struct DeformConv2dTarget {
   std::int64_t n0, og, cog, H, W;
-  DeformStrides gi;
+  Strides4 gi;
   DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
     const auto k = static_cast<std::int64_t>(key);
     const std::int64_t plane = H * W, r = k % plane, bg = k / plane;
