@@ -9,9 +9,12 @@
   aligned=True, use_torchvision=False)`` (avg and max pooling; ``use_torchvision`` is accepted and
   ignored: detops computes either way).
 
-Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them nameable from
-mmdetection configs (``roi_layer=dict(type='DetopsRoIAlign', ...)``, ``norm_cfg=dict(type='DetopsSyncBN')``).
+Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them (and the
+rotated, deformable-convolution and deformable-attention modules of :mod:`detops_torch.nn`)
+nameable from mmdetection and mmrotate configs (``roi_layer=dict(type='DetopsRoIAlign', ...)``,
+``norm_cfg=dict(type='DetopsSyncBN')``, ``dcn=dict(type='DetopsDCNv2', ...)``).
 """
+import importlib
 from typing import Dict
 
 import torch
@@ -105,12 +108,17 @@ class RoIAlign(nn.Module):
 
 
 def register_mmcv(force: bool = True) -> Dict[str, object]:
-    """Makes the detops layers nameable from mmdetection configs.
+    """Makes the detops layers nameable from mmdetection and mmrotate configs.
 
-    Sets ``mmcv.ops.DetopsRoIAlign`` (mmdetection's RoI extractors look layers up with
-    ``getattr(mmcv.ops, type)``) and registers ``DetopsRoIAlign`` and ``DetopsSyncBN`` (the detops
-    :class:`~detops_torch.SyncBatchNorm`) in mmengine's ``MODELS`` registry (mmcv 2.x) or mmcv's
-    ``NORM_LAYERS`` (mmcv 1.x) when present. Returns what was registered, by name.
+    Sets ``mmcv.ops.DetopsRoIAlign`` and ``mmcv.ops.DetopsRoIAlignRotated`` (the RoI extractors of
+    mmdetection and mmrotate look layers up with ``getattr(mmcv.ops, type)``). Registers, with mmcv
+    2.x, in mmengine's ``MODELS``: ``DetopsSyncBN`` (the detops
+    :class:`~detops_torch.SyncBatchNorm`), ``DetopsRoIAlign``, ``DetopsRoIAlignRotated``,
+    ``DetopsDCNv2`` (:class:`~detops_torch.ModulatedDeformConv2dPack`, for
+    ``dcn=dict(type='DetopsDCNv2', ...)``) and ``DetopsMultiScaleDeformableAttention``; with mmcv
+    1.x, the same names in the registries mmcv 1.x looks them up in: ``NORM_LAYERS``
+    (``DetopsSyncBN``), ``CONV_LAYERS`` (``DetopsDCNv2``) and ``ATTENTION``
+    (``DetopsMultiScaleDeformableAttention``). Returns what was registered, by qualified name.
 
     Raises ImportError, naming the cause, when mmcv is not importable.
     """
@@ -124,23 +132,28 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
     from .distributed import SyncBatchNorm
 
     registered: Dict[str, object] = {}
-    setattr(mmcv_ops, "DetopsRoIAlign", RoIAlign)
-    registered["mmcv.ops.DetopsRoIAlign"] = RoIAlign
+    for name, cls in (("DetopsRoIAlign", RoIAlign), ("DetopsRoIAlignRotated", _dnn.RoIAlignRotated)):
+        setattr(mmcv_ops, name, cls)
+        registered["mmcv.ops." + name] = cls
 
-    registry = None
+    layers = {"DetopsSyncBN": SyncBatchNorm, "DetopsRoIAlign": RoIAlign,
+              "DetopsRoIAlignRotated": _dnn.RoIAlignRotated, "DetopsDCNv2": _dnn.ModulatedDeformConv2dPack,
+              "DetopsMultiScaleDeformableAttention": _dnn.MultiScaleDeformableAttention}
     try:  # mmcv 2.x: one registry in mmengine
-        from mmengine.registry import MODELS as registry  # type: ignore
-        prefix = "mmengine.MODELS"
-    except Exception:
-        try:  # mmcv 1.x: norm layers have their own registry
-            from mmcv.cnn import NORM_LAYERS as registry  # type: ignore
-            prefix = "mmcv.NORM_LAYERS"
-        except Exception:
-            registry = None
-    if registry is not None:
-        registry.register_module(name="DetopsSyncBN", module=SyncBatchNorm, force=force)
-        registered[prefix + ".DetopsSyncBN"] = SyncBatchNorm
-        if prefix == "mmengine.MODELS":
-            registry.register_module(name="DetopsRoIAlign", module=RoIAlign, force=force)
-            registered[prefix + ".DetopsRoIAlign"] = RoIAlign
+        from mmengine.registry import MODELS  # type: ignore
+        targets = [("mmengine.MODELS", MODELS, list(layers))]
+    except Exception:  # mmcv 1.x: a registry per kind of layer (the RoI layers have none)
+        targets = []
+        for prefix, where, attr, names in (("mmcv.NORM_LAYERS", "mmcv.cnn", "NORM_LAYERS", ["DetopsSyncBN"]),
+                                           ("mmcv.CONV_LAYERS", "mmcv.cnn", "CONV_LAYERS", ["DetopsDCNv2"]),
+                                           ("mmcv.ATTENTION", "mmcv.cnn.bricks.registry", "ATTENTION",
+                                            ["DetopsMultiScaleDeformableAttention"])):
+            try:
+                targets.append((prefix, getattr(importlib.import_module(where), attr), names))
+            except Exception:
+                continue
+    for prefix, registry, names in targets:
+        for name in names:
+            registry.register_module(name=name, module=layers[name], force=force)
+            registered[f"{prefix}.{name}"] = layers[name]
     return registered

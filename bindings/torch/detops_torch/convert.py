@@ -1,11 +1,12 @@
-# detops_torch.convert(): swaps a torchvision/detectron2/mmcv model's RoI and FrozenBatchNorm2d modules (and BatchNorm2d on request) for detops' in place.
+# detops_torch.convert(): swaps a torchvision/detectron2/mmcv model's RoI, deformable and FrozenBatchNorm2d modules (and BatchNorm2d on request) for detops' in place.
 """Module conversion.
 
 The anchors' classes are recognised by ``(class.__module__, class.__qualname__)``, so converting a
 detectron2 or mmcv model needs neither to be importable here, and a subclass (which may change
-behaviour) is left alone. Each replacement keeps the original's configuration, buffers (the same
-tensors: device and dtype unchanged) and training flag; forward hooks registered on a replaced
-module are not carried over.
+behaviour) is left alone. Each replacement keeps the original's configuration, parameters and
+buffers (the same tensors and submodules: device, dtype and optimizer references unchanged) and
+training flag; forward hooks registered on a replaced module are not carried over. Building a
+replacement does not advance the global random generator.
 """
 from typing import Callable, Dict, Optional, Tuple
 
@@ -24,6 +25,25 @@ _OPTIONS = ("backward_mode", "truncation", "process_group", "mode")
 
 def _roi_kwargs(opts: Dict[str, object]) -> Dict[str, object]:
     return {"backward_mode": opts["backward_mode"], "truncation": opts["truncation"]}
+
+
+def _gather_mode(opts: Dict[str, object]) -> str:
+    # The deformable ops have two modes: "atomic", or "exact" (also under "truncated", which only
+    # the RoI ops have).
+    return "atomic" if opts["backward_mode"] == "atomic" else "exact"
+
+
+def _built_quietly(build: Callable[[], nn.Module]) -> nn.Module:
+    # The replacement's constructor draws initial parameters that are then replaced by the
+    # original's: the draws must not move the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        return build()
+
+
+def _take(new: nn.Module, old: nn.Module, names) -> nn.Module:
+    for name in names:
+        setattr(new, name, getattr(old, name))  # the same Parameter / submodule objects
+    return new
 
 
 def _tv_roi_align(m: nn.Module, opts) -> nn.Module:
@@ -65,6 +85,44 @@ def _mmcv_roi_align(m: nn.Module, opts) -> nn.Module:
                            m.use_torchvision, **_roi_kwargs(opts))
 
 
+def _tv_deform_conv2d(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: _dnn.DeformConv2d(
+        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
+        bias=m.bias is not None, mode=_gather_mode(opts)))
+    return _take(new, m, ("weight", "bias"))
+
+
+def _d2_roi_align_rotated(m: nn.Module, opts) -> nn.Module:
+    return _dnn.ROIAlignRotated(m.output_size, m.spatial_scale, m.sampling_ratio, **_roi_kwargs(opts))
+
+
+def _mmcv_roi_align_rotated(m: nn.Module, opts) -> nn.Module:
+    return _dnn.RoIAlignRotated(m.output_size, m.spatial_scale, m.sampling_ratio, m.aligned, m.clockwise,
+                                **_roi_kwargs(opts))
+
+
+def _mmcv_modulated_deform_conv2d_pack(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: _dnn.ModulatedDeformConv2dPack(
+        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
+        bias=m.bias is not None, mode=_gather_mode(opts)))
+    return _take(new, m, ("weight", "bias", "conv_offset"))
+
+
+def _mmcv_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: _dnn.MultiScaleDeformableAttention(
+        m.embed_dims, m.num_heads, m.num_levels, m.num_points, m.im2col_step, m.dropout.p, m.batch_first,
+        getattr(m, "norm_cfg", None), getattr(m, "init_cfg", None), mode=_gather_mode(opts)))
+    # value_proj and output_proj come with their shapes (value_proj_ratio is in them)
+    return _take(new, m, ("sampling_offsets", "attention_weights", "value_proj", "output_proj", "dropout"))
+
+
+def _detr_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: _dnn.MSDeformAttn(m.d_model, m.n_levels, m.n_heads, m.n_points,
+                                                   mode=_gather_mode(opts)))
+    new.im2col_step = m.im2col_step
+    return _take(new, m, ("sampling_offsets", "attention_weights", "value_proj", "output_proj"))
+
+
 # (module, qualified class name) -> builder of the detops replacement.
 TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Module]] = {
     ("torchvision.ops.roi_align", "RoIAlign"): _tv_roi_align,
@@ -73,6 +131,13 @@ TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Modul
     ("detectron2.layers.roi_align", "ROIAlign"): _d2_roi_align,
     ("detectron2.layers.batch_norm", "FrozenBatchNorm2d"): _d2_frozen_bn,
     ("mmcv.ops.roi_align", "RoIAlign"): _mmcv_roi_align,
+    ("torchvision.ops.deform_conv", "DeformConv2d"): _tv_deform_conv2d,
+    ("detectron2.layers.roi_align_rotated", "ROIAlignRotated"): _d2_roi_align_rotated,
+    ("mmcv.ops.roi_align_rotated", "RoIAlignRotated"): _mmcv_roi_align_rotated,
+    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack"): _mmcv_modulated_deform_conv2d_pack,
+    ("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention"): _mmcv_ms_deform_attn,
+    # Deformable-DETR (and the DETR family that vendors its ops) imports it from models/ops
+    ("models.ops.modules.ms_deform_attn", "MSDeformAttn"): _detr_ms_deform_attn,
 }
 
 
@@ -99,16 +164,20 @@ def _convert(m: nn.Module, opts) -> nn.Module:
 
 
 def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.Module:
-    """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign`` and
-    ``FrozenBatchNorm2d``, detectron2 ``ROIAlign`` and ``FrozenBatchNorm2d`` and mmcv ``RoIAlign``
-    in ``model`` for the detops module with the same configuration and buffers.
+    """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign``,
+    ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated`` and
+    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``ModulatedDeformConv2dPack``
+    and ``MultiScaleDeformableAttention``, and Deformable-DETR ``MSDeformAttn`` in ``model`` for
+    the detops module with the same configuration, parameters and buffers.
 
     Args:
         model: any ``nn.Module``.
         batchnorm: ``None`` (leave BatchNorm layers alone), ``"frozen"`` (``BatchNorm2d`` and
             ``SyncBatchNorm`` become :class:`FrozenBatchNorm2d`) or ``"sync"`` (every BatchNorm
             becomes the detops :class:`SyncBatchNorm`, through :func:`convert_sync_batchnorm`).
-        backward_mode: the RoI modules' backward mode (default ``"exact"``).
+        backward_mode: the backward mode (default ``"exact"``). The deformable modules
+            (deformable convolution and attention) have no truncated mode: they run ``"exact"``
+            under ``"truncated"``.
         truncation: ``"float16"`` or ``"bfloat16"`` for the truncated mode.
         process_group, mode: passed to :func:`convert_sync_batchnorm` (``batchnorm="sync"`` only).
 

@@ -273,12 +273,48 @@ class RegisterMmcvTest(unittest.TestCase):
         with mock.patch.dict(sys.modules, fake):
             result = compat.register_mmcv()
         self.assertIs(ops.DetopsRoIAlign, compat.RoIAlign)
-        self.assertEqual(registered["DetopsSyncBN"], (detops_torch.SyncBatchNorm, True))
-        self.assertEqual(registered["DetopsRoIAlign"], (compat.RoIAlign, True))
-        self.assertIn("mmcv.ops.DetopsRoIAlign", result)
+        self.assertIs(ops.DetopsRoIAlignRotated, detops_torch.nn.RoIAlignRotated)
+        expected = {"DetopsSyncBN": detops_torch.SyncBatchNorm, "DetopsRoIAlign": compat.RoIAlign,
+                    "DetopsRoIAlignRotated": detops_torch.nn.RoIAlignRotated,
+                    "DetopsDCNv2": detops_torch.ModulatedDeformConv2dPack,
+                    "DetopsMultiScaleDeformableAttention": detops_torch.MultiScaleDeformableAttention}
+        self.assertEqual(registered, {k: (v, True) for k, v in expected.items()})
+        self.assertEqual(result, dict({"mmcv.ops.DetopsRoIAlign": compat.RoIAlign,
+                                       "mmcv.ops.DetopsRoIAlignRotated": detops_torch.nn.RoIAlignRotated},
+                                      **{"mmengine.MODELS." + k: v for k, v in expected.items()}))
         # mmdetection's roi extractor: layer_cls = getattr(mmcv.ops, cfg.pop('type'))
         layer = getattr(ops, "DetopsRoIAlign")(output_size=7, spatial_scale=0.25, sampling_ratio=0)
         self.assertEqual(layer.output_size, (7, 7))
+        # mmrotate's: the same lookup, with the rotated layer's arguments
+        layer = getattr(ops, "DetopsRoIAlignRotated")(output_size=7, spatial_scale=0.25, sampling_ratio=2,
+                                                      clockwise=True)
+        self.assertEqual((layer.output_size, layer.clockwise), ((7, 7), True))
+
+    def test_with_mmcv_1(self):
+        """mmcv 1.x has no mmengine: each kind of layer has its own registry (and a missing one,
+        here ATTENTION, is skipped)."""
+        registered = {}
+
+        class Registry:
+            def __init__(self, name):
+                self.name = name
+
+            def register_module(self, name=None, module=None, force=False):
+                registered[(self.name, name)] = (module, force)
+
+        mmcv = types.ModuleType("mmcv")
+        ops = types.ModuleType("mmcv.ops")
+        cnn = types.ModuleType("mmcv.cnn")
+        cnn.NORM_LAYERS, cnn.CONV_LAYERS = Registry("norm"), Registry("conv")
+        mmcv.ops, mmcv.cnn = ops, cnn
+        fake = {"mmcv": mmcv, "mmcv.ops": ops, "mmcv.cnn": cnn, "mmengine": None, "mmengine.registry": None,
+                "mmcv.cnn.bricks": None, "mmcv.cnn.bricks.registry": None}
+        with mock.patch.dict(sys.modules, fake):
+            result = compat.register_mmcv(force=False)
+        self.assertEqual(registered, {("norm", "DetopsSyncBN"): (detops_torch.SyncBatchNorm, False),
+                                      ("conv", "DetopsDCNv2"): (detops_torch.ModulatedDeformConv2dPack, False)})
+        self.assertEqual(sorted(result), ["mmcv.CONV_LAYERS.DetopsDCNv2", "mmcv.NORM_LAYERS.DetopsSyncBN",
+                                          "mmcv.ops.DetopsRoIAlign", "mmcv.ops.DetopsRoIAlignRotated"])
 
 
 if __name__ == "__main__":

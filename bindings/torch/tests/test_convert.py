@@ -1,4 +1,4 @@
-# Tests of detops_torch.convert(): torchvision Mask R-CNN models (targets replaced, RoI pooler outputs bitwise, model outputs within 1e-10), detectron2/mmcv classes by name, options.
+# Tests of detops_torch.convert(): torchvision Mask R-CNN models (targets replaced, RoI pooler outputs bitwise, model outputs within 1e-10), detectron2/mmcv/Deformable-DETR classes by name (RoI, rotated, deformable), options.
 import copy
 import unittest
 import warnings
@@ -291,6 +291,126 @@ class ConvertByClassNameTest(unittest.TestCase):
             self.assertIsInstance(m, nn.SyncBatchNorm)
             self.assertEqual(m.mode, "exact")
         self.assertIs(model[1].weight, weight)  # as torch's convert_sync_batchnorm: same Parameters
+
+
+# The rotated and deformable anchors, by name. Each fake subclasses the detops module that mirrors
+# the anchor (the same attributes, parameters and arithmetic), so the converted module must give
+# the fake's output bit for bit: a configuration value or parameter that conversion dropped would
+# change it.
+D2ROIAlignRotated = _fake_class("detectron2.layers.roi_align_rotated", "ROIAlignRotated",
+                                base=detops_torch.ROIAlignRotated)
+MmcvRoIAlignRotated = _fake_class("mmcv.ops.roi_align_rotated", "RoIAlignRotated", base=detops_torch.RoIAlignRotated)
+MmcvDCNv2 = _fake_class("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack",
+                        base=detops_torch.ModulatedDeformConv2dPack)
+MmcvMSDA = _fake_class("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention",
+                       base=detops_torch.MultiScaleDeformableAttention)
+DetrMSDeformAttn = _fake_class("models.ops.modules.ms_deform_attn", "MSDeformAttn", base=detops_torch.MSDeformAttn)
+
+
+def _rotated_rois(gen, batch, count, size):
+    b = torch.randint(0, batch, (count, 1), generator=gen).double()
+    ctr = torch.rand(count, 2, generator=gen, dtype=torch.float64) * size
+    wh = torch.rand(count, 2, generator=gen, dtype=torch.float64) * size / 2 + 1
+    angle = torch.rand(count, 1, generator=gen, dtype=torch.float64) * 180 - 90
+    return torch.cat([b, ctr, wh, angle], 1)
+
+
+class ConvertRotatedAndDeformableTest(unittest.TestCase):
+    def _randomize(self, module, gen):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.copy_(torch.rand(p.shape, generator=gen, dtype=p.dtype) * 0.2 - 0.1)
+
+    def test_rotated_roi_layers(self):
+        gen = torch.Generator().manual_seed(5)
+        model = nn.ModuleDict({"d2": D2ROIAlignRotated((5, 4), 0.5, 3),
+                               "mmcv": MmcvRoIAlignRotated(6, 0.25, 0, aligned=False, clockwise=True)})
+        x = torch.rand(2, 3, 20, 24, generator=gen, dtype=torch.float64)
+        rois = _rotated_rois(gen, 2, 7, 40)
+        ref = {k: m(x, rois) for k, m in model.items()}
+        detops_torch.convert(model, backward_mode="truncated", truncation="bfloat16")
+        self.assertIs(type(model["d2"]), detops_torch.ROIAlignRotated)
+        self.assertIs(type(model["mmcv"]), detops_torch.RoIAlignRotated)
+        m = model["mmcv"]
+        self.assertEqual((m.output_size, m.spatial_scale, m.sampling_ratio, m.aligned, m.clockwise, m.backward_mode,
+                          m.truncation), ((6, 6), 0.25, 0, False, True, "truncated", "bfloat16"))
+        for k, m in model.items():
+            assert_bitwise_equal(self, m(x, rois), ref[k], k)
+
+    def test_deformable_convolutions(self):
+        gen = torch.Generator().manual_seed(6)
+        model = nn.Module()
+        model.dcn = MmcvDCNv2(4, 6, 3, stride=2, padding=2, dilation=2, groups=2, deform_groups=2)
+        model.dcn_nobias = MmcvDCNv2(4, 4, (3, 1), padding=(1, 0), bias=False)
+        self._randomize(model, gen)
+        model.double()
+        x = torch.rand(2, 4, 9, 11, generator=gen, dtype=torch.float64)
+        ref = [model.dcn(x), model.dcn_nobias(x)]
+        params = {k: v for k, v in model.named_parameters()}
+        rng = torch.get_rng_state()
+        detops_torch.convert(model, backward_mode="atomic")
+        self.assertTrue(torch.equal(torch.get_rng_state(), rng), "conversion moved the global random stream")
+        self.assertIs(type(model.dcn), detops_torch.ModulatedDeformConv2dPack)
+        self.assertEqual((model.dcn.deform_groups, model.dcn.groups, model.dcn.dilation, model.dcn.mode),
+                         (2, 2, (2, 2), "atomic"))
+        self.assertIsNone(model.dcn_nobias.bias)
+        for k, v in model.named_parameters():
+            self.assertIs(v, params[k], k)  # the same Parameters: optimizers and checkpoints still apply
+        self.assertEqual(set(params), {k for k, _ in model.named_parameters()})
+        assert_bitwise_equal(self, model.dcn(x), ref[0], "ModulatedDeformConv2dPack")
+        assert_bitwise_equal(self, model.dcn_nobias(x), ref[1], "ModulatedDeformConv2dPack without bias")
+
+    @unittest.skipUnless(torchvision is not None, "torchvision is not installed")
+    def test_torchvision_deform_conv2d(self):
+        gen = torch.Generator().manual_seed(7)
+        model = nn.Sequential(torchvision.ops.DeformConv2d(4, 6, 3, stride=2, padding=1, dilation=1, groups=2),
+                              nn.Sequential(torchvision.ops.DeformConv2d(6, 2, 1, bias=False))).double()
+        x = torch.rand(1, 4, 10, 9, generator=gen, dtype=torch.float64)
+        off0 = torch.randn(1, 2 * 9, 5, 5, generator=gen, dtype=torch.float64)
+        mask0 = torch.rand(1, 9, 5, 5, generator=gen, dtype=torch.float64)
+        off1 = torch.randn(1, 2, 5, 5, generator=gen, dtype=torch.float64)
+        ref = model[1][0](model[0](x, off0, mask0), off1)
+        weight = model[0].weight
+        detops_torch.convert(model)
+        self.assertIs(type(model[0]), detops_torch.DeformConv2d)
+        self.assertIs(type(model[1][0]), detops_torch.DeformConv2d)
+        self.assertIs(model[0].weight, weight)
+        self.assertEqual((model[0].stride, model[0].padding, model[0].groups, model[0].mode), ((2, 2), (1, 1), 2,
+                                                                                              "exact"))
+        self.assertIsNone(model[1][0].bias)
+        got = model[1][0](model[0](x, off0, mask0), off1)
+        self.assertLessEqual(max_rel_error(got, ref), 1e-12)  # float64: detops vs torchvision's kernels
+
+    def test_deformable_attention(self):
+        gen = torch.Generator().manual_seed(8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # 12 channels per head: not a power of 2
+            mmcv = MmcvMSDA(embed_dims=24, num_heads=2, num_levels=2, num_points=3, dropout=0.25, batch_first=True,
+                            value_proj_ratio=0.5)
+        detr = DetrMSDeformAttn(d_model=16, n_levels=2, n_heads=4, n_points=2)
+        model = nn.ModuleList([mmcv, detr])
+        self._randomize(model, gen)
+        model.double().eval()
+        shapes = torch.tensor([[4, 5], [2, 3]])
+        start = torch.tensor([0, 20])
+        q = torch.rand(2, 3, 24, generator=gen, dtype=torch.float64)
+        ref_pts = torch.rand(2, 3, 2, 2, generator=gen, dtype=torch.float64)
+        v = torch.rand(2, 26, 24, generator=gen, dtype=torch.float64)
+        q2, v2 = q[..., :16].contiguous(), v[..., :16].contiguous()
+        ref = [mmcv(q, value=v, reference_points=ref_pts, spatial_shapes=shapes, level_start_index=start),
+               detr(q2, ref_pts, v2, shapes, start)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            detops_torch.convert(model)
+        self.assertIs(type(model[0]), detops_torch.MultiScaleDeformableAttention)
+        self.assertIs(type(model[1]), detops_torch.MSDeformAttn)
+        self.assertIs(model[0].value_proj, mmcv.value_proj)
+        self.assertEqual((model[0].dropout.p, model[0].batch_first, model[0].value_proj.out_features), (0.25, True, 12))
+        self.assertFalse(model[0].training)
+        got = [model[0](q, value=v, reference_points=ref_pts, spatial_shapes=shapes, level_start_index=start),
+               model[1](q2, ref_pts, v2, shapes, start)]
+        assert_bitwise_equal(self, got[0], ref[0], "MultiScaleDeformableAttention")
+        assert_bitwise_equal(self, got[1], ref[1], "MSDeformAttn")
 
 
 if __name__ == "__main__":
