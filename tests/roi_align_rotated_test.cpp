@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -384,6 +386,41 @@ TEST_P(RoiAlignRotatedReproducible, SameBytesForAnyRunThreadCountAndLayout) {
       EXPECT_TRUE(same_doubles(base.out, r.out));
       EXPECT_TRUE(same_doubles(base.grad, r.grad));
     }
+}
+
+// The channels-last forward is compiled once per instruction set (src/cpu/roi_align_rotated_cpu_kernels.inc,
+// RoIAlign's add_bin_rows) and walks channels in chunks of 256: every variant gives the
+// baseline's bits, and those equal the NCHW walk's, for every dtype, with inf and NaN in the data,
+// and 300 channels (a partial chunk, not a multiple of any vector width).
+TEST(RoiAlignRotatedCpu, InstructionSetVariantsGiveTheSameBits) {
+  std::vector<CpuIsa> variants;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+    else std::printf("[ note ] this CPU has no %s: that variant is not compared\n", cpu_isa_name(isa));
+  }
+  Problem p = make_problem(0, 51);
+  p.C = 300;
+  p.input = test::random_values(static_cast<std::size_t>(p.N * p.C * p.H * p.W), 52);
+  p.input[17] = std::numeric_limits<double>::infinity();
+  p.input[4000] = std::numeric_limits<double>::quiet_NaN();
+  const std::int64_t PH = p.opt.pooled_height, PW = p.opt.pooled_width;
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    auto forward = [&](CpuIsa isa, Layout layout) {
+      Tensor input = make_tensor({p.N, p.C, p.H, p.W}, dt, p.input, layout);
+      Tensor rois = make_tensor({p.K, 6}, DType::kFloat32, p.rois);
+      Tensor out = Tensor::empty({p.K, p.C, PH, PW}, dt, Device::cpu(), layout);
+      Context ctx;
+      ctx.num_threads = 2;
+      ctx.cpu_isa = isa;
+      EXPECT_EQ(ctx.resolved_cpu_isa(), isa);
+      roi_align_rotated_forward(input, rois, out, p.opt, ctx);
+      return to_vector(out);
+    };
+    const std::vector<double> base = forward(CpuIsa::kBaseline, Layout::kNHWC);
+    EXPECT_TRUE(same_doubles(base, forward(CpuIsa::kBaseline, Layout::kNCHW))) << dtype_name(dt) << " nchw";
+    for (CpuIsa isa : variants)
+      EXPECT_TRUE(same_doubles(base, forward(isa, Layout::kNHWC))) << dtype_name(dt) << " " << cpu_isa_name(isa);
+  }
 }
 
 std::string mode_name(const ::testing::TestParamInfo<std::tuple<DType, BackwardMode>>& info) {

@@ -28,57 +28,6 @@ namespace internal {
 
 namespace {
 
-/// Pools G planes (channels c .. c + G - 1 of one image) over every bin of one roi. Each table
-/// entry is loaded once for the G planes; each channel adds its samples in table order, as the
-/// CUDA kernel does, so the bits do not depend on G.
-template <int G, class T, class A>
-void pool_roi_planes(const T* plane, const detail::Strides4& in, const Sample<A>* samples, std::int64_t per_bin,
-                     A count, const detail::RoiAlignShape& s, const detail::Strides4& os,
-                     const detail::Strides4& as, PooledRoi<T> r) {
-  for (std::int64_t ph = 0; ph < s.PH; ++ph)
-    for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-      const Sample<A>* q = samples + (ph * s.PW + pw) * per_bin;
-      T* o = r.out + ph * os.s2 + pw * os.s3;
-      if (!r.argmax) {
-        A sum[G] = {};
-        for (std::int64_t i = 0; i < per_bin; ++i) {
-          const Sample<A>& p = q[i];
-          if (!p.valid) continue;
-          const Corners o = corners(p, in.s2, in.s3);
-          for (int g = 0; g < G; ++g) {
-            const T* pl = plane + g * in.s1;
-            sum[g] += p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) +
-                      p.w4 * to_acc(pl[o.o4]);
-          }
-        }
-        for (int g = 0; g < G; ++g) o[g * os.s1] = from_acc<T>(sum[g] / count);
-        continue;
-      }
-      A best[G] = {};
-      std::int32_t best_index[G];
-      std::fill(best_index, best_index + G, -1);
-      for (std::int64_t i = 0; i < per_bin; ++i) {
-        const Sample<A>& p = q[i];
-        // the validity decided once per sample, the winner by selects (as in the channels-last loop)
-        auto take = [&](int g, A v) { detail::max_pool_update(v, p.index, best[g], best_index[g]); };
-        if (!p.valid) {  // counts as value 0
-          for (int g = 0; g < G; ++g) take(g, A(0));
-          continue;
-        }
-        const Corners o = corners(p, in.s2, in.s3);
-        for (int g = 0; g < G; ++g) {
-          const T* pl = plane + g * in.s1;
-          take(g, p.w1 * to_acc(pl[o.o1]) + p.w2 * to_acc(pl[o.o2]) + p.w3 * to_acc(pl[o.o3]) + p.w4 * to_acc(pl[o.o4]));
-        }
-      }
-      std::int32_t* a = r.argmax + ph * as.s2 + pw * as.s3;
-      for (int g = 0; g < G; ++g) {
-        o[g * os.s1] = from_acc<T>(best[g]);
-        a[g * as.s1] = best_index[g];
-      }
-    }
-}
-
 /// Planes per group of the plane-group walks: as many as keep a group's planes of one image
 /// within kGroupBytes (a per-core L2 share), so every roi of the image on that group reads (or
 /// adds to) cached lines; at most `cap`, a power of two.
@@ -185,38 +134,6 @@ struct RoiPlan {
   }
 };
 
-/// Calls f(std::integral_constant<int, G>) for G in {1, 2, 4, 8, 16}.
-template <class F>
-void with_group_width(int G, F&& f) {
-  switch (G) {
-    case 16: f(std::integral_constant<int, 16>{}); break;
-    case 8: f(std::integral_constant<int, 8>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    default: f(std::integral_constant<int, 1>{}); break;
-  }
-}
-
-/// Pools channels [c, c + n) of one roi from its table, G planes at a time (G a power of two; the
-/// tail in the largest powers of two that fit).
-template <class T, class A>
-void pool_roi_channels(const T* input, const detail::Strides4& in, const RoiBox<A>& box, const Sample<A>* q,
-                       const detail::RoiAlignShape& s, const detail::Strides4& os, const detail::Strides4& as,
-                       PooledRoi<T> r, std::int64_t c, std::int64_t n, int G) {
-  const std::int64_t per_bin = box.grid_h * box.grid_w;
-  while (n > 0) {
-    int g = G;
-    while (g > n) g /= 2;
-    const T* plane = input + box.batch * in.s0 + c * in.s1;
-    PooledRoi<T> rc{r.out + c * os.s1, r.argmax ? r.argmax + c * as.s1 : nullptr};
-    with_group_width(g, [&](auto width) {
-      pool_roi_planes<decltype(width)::value>(plane, in, q, per_bin, box.count, s, os, as, rc);
-    });
-    c += g;
-    n -= g;
-  }
-}
-
 /// NCHW (or any strides without contiguous channels). Two kinds of rois (walk_cost):
 ///  - sparse ones, ordered by image, in blocks whose sample tables are built once; threads take
 ///    (plane group, roi range) items, plane groups outermost, so a group's planes stay in the
@@ -279,7 +196,9 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
         const std::int64_t rb = jb + (je - jb) * part / parts, re = jb + (je - jb) * (part + 1) / parts;
         for (std::int64_t j = rb; j < re; ++j) {
           const std::int64_t k = plan.roi(j);
-          pool_roi_channels(v.input, in, plan.box(k), plan.samples(j), s, os, as, v.pooled(k), c, u < groups ? G : 1, G);
+          const RoiBox<A>& box = plan.box(k);
+          pool_roi_channels(v.input + box.batch * in.s0, in, plan.samples(j), box.grid_h * box.grid_w, box.count, s, os,
+                            as, v.pooled(k), c, u < groups ? G : 1, G);
         }
       }
     });
@@ -290,8 +209,10 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
         Sample<A>* q = scratch[static_cast<std::size_t>(p)].get();
         for (std::int64_t j = dense_begin[static_cast<std::size_t>(p)]; j < dense_begin[static_cast<std::size_t>(p) + 1]; ++j) {
           const std::int64_t k = plan.roi(j);
-          fill_roi_samples(plan.box(k), s, in.s2, in.s3, q);
-          pool_roi_channels(v.input, in, plan.box(k), q, s, os, as, v.pooled(k), 0, s.C, 16);
+          const RoiBox<A>& box = plan.box(k);
+          fill_roi_samples(box, s, in.s2, in.s3, q);
+          pool_roi_channels(v.input + box.batch * in.s0, in, q, box.grid_h * box.grid_w, box.count, s, os, as,
+                            v.pooled(k), 0, s.C, 16);
         }
       }
     });
@@ -300,45 +221,6 @@ void forward_planes(const RoiAlignCall& call, const Context& ctx) {
 
 // ---------------------------------------------------------------------------------------------
 // Backward helpers
-
-/// Adds one roi's gradient to G planes (channels c .. c + G - 1 of one image; go_k and am_k point
-/// at channel c of the roi's grad_output and argmax rows). Per plane, the adds come in the order of
-/// the CUDA scatter body run in thread order (k, c, ph, pw): bins in order, a bin's samples in
-/// order, four corners each; so the result does not depend on G, the walk or the threads.
-template <int G, class V, class T, class Target, class A>
-void scatter_roi_planes(Target* plane, const detail::Strides4& ts, const Sample<A>* samples, std::int64_t per_bin,
-                        const detail::RoiAlignShape& s, const T* go_k, const detail::Strides4& go,
-                        const std::int32_t* am_k, const detail::Strides4& am, detail::GradRounding rounding) {
-  const V count = static_cast<V>(per_bin);
-  auto scatter = [&ts](Target* pl, const Sample<A>& p, V g, V den) {
-    auto add = [pl](std::int64_t off, V v) { scatter_add(pl + off, v); };
-    const Corners o = corners(p, ts.s2, ts.s3);
-    add(o.o1, detail::scatter_contribution(g, p.w1, den));
-    add(o.o2, detail::scatter_contribution(g, p.w2, den));
-    add(o.o3, detail::scatter_contribution(g, p.w3, den));
-    add(o.o4, detail::scatter_contribution(g, p.w4, den));
-  };
-  for (std::int64_t ph = 0; ph < s.PH; ++ph)
-    for (std::int64_t pw = 0; pw < s.PW; ++pw) {
-      const Sample<A>* q = samples + (ph * s.PW + pw) * per_bin;
-      V g[G];
-      for (int i = 0; i < G; ++i) {
-        const acc_t<T> ga = to_acc(go_k[i * go.s1 + ph * go.s2 + pw * go.s3]);
-        g[i] = detail::scatter_gradient<V>(ga, rounding);
-      }
-      if (!am_k) {
-        for (std::int64_t j = 0; j < per_bin; ++j) {
-          if (!q[j].valid) continue;
-          for (int i = 0; i < G; ++i) scatter(plane + i * ts.s1, q[j], g[i], count);
-        }
-        continue;
-      }
-      for (int i = 0; i < G; ++i) {
-        const std::int32_t idx = am_k[i * am.s1 + ph * am.s2 + pw * am.s3];
-        if (idx >= 0 && idx < per_bin && q[idx].valid) scatter(plane + i * ts.s1, q[idx], g[i], V(1));
-      }
-    }
-}
 
 /// Scatter backward (atomic and truncated modes): threads own disjoint channel ranges, so plain
 /// adds are race-free; V is the contribution type, Target the accumulator array's element type.
@@ -362,18 +244,8 @@ void scatter_backward(const RoiAlignCall& call, const Context& ctx, Target* targ
   const int G = planes_per_group(s, sizeof(Target), std::max<std::int64_t>(1, s.C / (2 * static_cast<std::int64_t>(threads))));
   auto scatter_channels = [&](std::int64_t k, const RoiBox<A>& box, const Sample<A>* q, std::int64_t c, std::int64_t n,
                               int width) {
-    while (n > 0) {
-      int g = width;
-      while (g > n) g /= 2;
-      Target* plane = target + box.batch * ts.s0 + c * ts.s1;
-      const T* go_k = grad_output + k * go.s0 + c * go.s1;
-      const std::int32_t* am_k = call.max_pool ? argmax + k * am.s0 + c * am.s1 : nullptr;
-      with_group_width(g, [&](auto w) {
-        scatter_roi_planes<decltype(w)::value, V>(plane, ts, q, box.grid_h * box.grid_w, s, go_k, go, am_k, am, rounding);
-      });
-      c += g;
-      n -= g;
-    }
+    scatter_roi_channels<V>(target + box.batch * ts.s0, ts, q, box.grid_h * box.grid_w, s, grad_output + k * go.s0, go,
+                            call.max_pool ? argmax + k * am.s0 : nullptr, am, rounding, c, n, width);
   };
 
   RoiPlan<A> plan(roi_source(call.rois), s, threads);

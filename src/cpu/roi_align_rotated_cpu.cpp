@@ -8,7 +8,9 @@
 //    share, so the group's planes stay cached while every roi of the image reads (or adds to)
 //    them, as RoIAlign's plane-group walk. Channels innermost: a unit is a contiguous range of
 //    channels, walked a row at a time (vectorized).
-//  - forward: each output adds its samples in table order (the CUDA body's order);
+//  - forward: each output adds its samples in table order (the CUDA body's order); channels
+//    innermost, the loop is RoIAlign's add_bin_rows, compiled per instruction set
+//    (roi_align_rotated_cpu_kernels.inc);
 //  - atomic/truncated backward: units own disjoint channels, so plain adds are race-free, and
 //    each element receives its adds in the order (roi, bin, sample, corner), the order of the
 //    CUDA scatter body run in thread order and the exact mode's canonical order;
@@ -17,6 +19,7 @@
 // So neither the walk, the layout nor the thread count changes any bit.
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/roi_align_cpu.h"  // Sample, corners, make_sample
@@ -26,6 +29,31 @@
 
 namespace detops {
 namespace internal {
+
+namespace {
+
+/// Channels [cb, ce) of one roi for the channels-innermost forward (roi_align_rotated_cpu_kernels.inc).
+struct RotatedRows {
+  const void* image;    // the roi's image (channel 0)
+  const void* samples;  // its table: Sample<accumulation type>, `bins` bins of per_bin samples
+  std::int64_t per_bin, bins, PW;
+  std::int64_t sh, sw;  // input row and column strides (the table's offsets use them)
+  std::int64_t cb, ce;
+  void* out;            // the roi's output (channel 0)
+  std::int64_t os2, os3;
+  double count;         // the average's divisor (exact: an integer)
+  const HalfConvert* cv;
+};
+
+/// A variant's entry points (roi_align_rotated_cpu_kernels.inc).
+struct RotatedCpuKernels {
+  void (*forward_rows)(DType dtype, const RotatedRows& r);
+};
+
+}  // namespace
+
+#define DETOPS_CPU_KERNELS_FILE "roi_align_rotated_cpu_kernels.inc"
+#include "cpu/cpu_variants.inc"
 
 namespace {
 
@@ -151,6 +179,9 @@ void forward_typed(const RoiAlignRotatedCall& call, const Context& ctx) {
 
   const bool rows = in.s1 == 1 && os.s1 == 1 && s.C > 1;
   const std::int64_t width = unit_width(s, rows, sizeof(T), threads);
+  const RotatedCpuKernels& kernels = cpu_kernels(ctx);
+  const HalfConvert* cv = nullptr;
+  if constexpr (std::is_same_v<T, Half>) cv = half_convert_f16c(ctx);
   plan.walk(s, in.s2, in.s3, width, threads, [&](std::int64_t cb, std::int64_t ce, std::int64_t j) {
     const std::int64_t k = plan.roi(j);
     const RotatedBox<A>& box = plan.box(k);
@@ -158,47 +189,15 @@ void forward_typed(const RoiAlignRotatedCall& call, const Context& ctx) {
     const std::int64_t per_bin = box.grid_h * box.grid_w;
     const T* image = input + box.batch * in.s0;
     T* out_k = output + k * os.s0;
-    if (rows) {  // channels innermost: a row of channels per corner
-      A acc[64];
-      for (std::int64_t c0 = cb; c0 < ce; c0 += 64) {
-        const std::int64_t n = std::min<std::int64_t>(64, ce - c0);
-        const T* base = image + c0;
-        for (std::int64_t bin = 0; bin < s.PH * s.PW; ++bin) {
-          std::fill(acc, acc + n, A(0));
-          for (std::int64_t i = 0; i < per_bin; ++i) {
-            const Sample<A>& p = table[bin * per_bin + i];
-            if (!p.valid) continue;
-            const Corners o = corners(p, in.s2, in.s3);
-            const T *r1 = base + o.o1, *r2 = base + o.o2, *r3 = base + o.o3, *r4 = base + o.o4;
-            for (std::int64_t c = 0; c < n; ++c)
-              acc[c] += p.w1 * to_acc(r1[c]) + p.w2 * to_acc(r2[c]) + p.w3 * to_acc(r3[c]) + p.w4 * to_acc(r4[c]);
-          }
-          T* out = out_k + c0 + (bin / s.PW) * os.s2 + (bin % s.PW) * os.s3;
-          for (std::int64_t c = 0; c < n; ++c) out[c] = from_acc<T>(acc[c] / box.count);
-        }
-      }
+    if (rows) {  // channels innermost: a row of channels per corner, per instruction set
+      kernels.forward_rows(call.features.dtype, {image, table, per_bin, s.PH * s.PW, s.PW, in.s2, in.s3, cb, ce, out_k,
+                                                 os.s2, os.s3, static_cast<double>(box.count), cv});
       return;
     }
-    // planes: each table entry is read once for the unit's channels (at most 16), each channel
-    // adding its samples in table order
-    A acc[kMaxUnitPlanes];
-    const std::int64_t n = ce - cb;
-    const T* planes = image + cb * in.s1;
-    for (std::int64_t bin = 0; bin < s.PH * s.PW; ++bin) {
-      std::fill(acc, acc + n, A(0));
-      for (std::int64_t i = 0; i < per_bin; ++i) {
-        const Sample<A>& p = table[bin * per_bin + i];
-        if (!p.valid) continue;
-        const Corners o = corners(p, in.s2, in.s3);
-        for (std::int64_t c = 0; c < n; ++c) {
-          const T* plane = planes + c * in.s1;
-          acc[c] += p.w1 * to_acc(plane[o.o1]) + p.w2 * to_acc(plane[o.o2]) + p.w3 * to_acc(plane[o.o3]) +
-                    p.w4 * to_acc(plane[o.o4]);
-        }
-      }
-      T* out = out_k + cb * os.s1 + (bin / s.PW) * os.s2 + (bin % s.PW) * os.s3;
-      for (std::int64_t c = 0; c < n; ++c) out[c * os.s1] = from_acc<T>(acc[c] / box.count);
-    }
+    // planes: RoIAlign's plane-group pooling, each table entry read once for the unit's channels
+    // (at most 16, a compile-time count), each channel adding its samples in table order
+    pool_roi_channels(image, in, table, per_bin, box.count, s, os, detail::Strides4{0, 0, 0, 0},
+                      PooledRoi<T>{out_k, nullptr}, cb, ce - cb, static_cast<int>(width));
   });
 }
 
@@ -252,27 +251,11 @@ void scatter_backward(const RoiAlignRotatedCall& call, const Context& ctx, Targe
       }
       return;
     }
-    // planes: each table entry is read once for the unit's channels (at most 16); every plane
-    // still receives its adds in the order (bin, sample, corner)
-    V g[kMaxUnitPlanes];
-    const std::int64_t n = ce - cb;
-    Target* planes = image + cb * ts.s1;
-    for (std::int64_t bin = 0; bin < s.PH * s.PW; ++bin) {
-      const T* gb = go_k + cb * go.s1 + (bin / s.PW) * go.s2 + (bin % s.PW) * go.s3;
-      for (std::int64_t c = 0; c < n; ++c) g[c] = detail::scatter_gradient<V>(to_acc(gb[c * go.s1]), rounding);
-      for (std::int64_t i = 0; i < per_bin; ++i) {
-        const Sample<A>& p = table[bin * per_bin + i];
-        if (!p.valid) continue;
-        const Corners o = corners(p, ts.s2, ts.s3);
-        for (std::int64_t c = 0; c < n; ++c) {
-          Target* plane = planes + c * ts.s1;
-          scatter_add(plane + o.o1, detail::scatter_contribution(g[c], p.w1, count));
-          scatter_add(plane + o.o2, detail::scatter_contribution(g[c], p.w2, count));
-          scatter_add(plane + o.o3, detail::scatter_contribution(g[c], p.w3, count));
-          scatter_add(plane + o.o4, detail::scatter_contribution(g[c], p.w4, count));
-        }
-      }
-    }
+    // planes: RoIAlign's plane-group scatter, each table entry read once for the unit's channels
+    // (at most 16, a compile-time count); every plane still receives its adds in the order (bin,
+    // sample, corner)
+    scatter_roi_channels<V>(image, ts, table, per_bin, s, go_k, go, nullptr, detail::Strides4{0, 0, 0, 0}, rounding, cb,
+                            ce - cb, static_cast<int>(width));
   });
 }
 
