@@ -1,6 +1,7 @@
 // CUDA backend of deform_conv2d: one-line __global__ wrappers of the per-thread bodies of
-// include/detops/detail/deform_conv2d_kernels.h, and the launch sequences (the CPU backend's, step
-// for step); the exact mode runs the gather engine (cuda/gather_backward.cuh) per chunk of images.
+// include/detops/detail/deform_conv2d_kernels.h, launched as the steps of the sequences both
+// backends share (deform_forward_steps / deform_backward_steps, internal/deform_conv2d_backend.h);
+// the exact mode runs the gather engine (cuda/gather_backward.cuh) per chunk of images.
 // The GEMMs are the fixed-order body (4 rows of one column per thread, k in order): the CPU's bits,
 // not cuBLAS's speed. All work is enqueued on the caller's stream; nothing waits on it.
 #include <cuda_bf16.h>
@@ -92,33 +93,16 @@ __global__ void enumerate_kernel(detail::DeformConv2dBackwardArgs<T> a, std::uin
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host helpers
+// Host side
 
-template <class A>
-void run_gemm(const detail::DeformGemmArgs<A>& g, const Context& ctx, const char* op) {
-  const std::int64_t n = g.G * ((g.M + detail::kDeformGemmRows - 1) / detail::kDeformGemmRows) * g.N;
+/// Launches `kernel` over n threads (its last parameter) on the context's stream and checks the
+/// launch; nothing for n = 0.
+template <class... P, class... Args>
+void launch(void (*kernel)(P...), std::int64_t n, const char* name, const DeformConv2dCall& call, const Context& ctx,
+            const Args&... args) {
   if (n == 0) return;
-  gemm_kernel<A><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(g, n);
-  check_launch("gemm_kernel", op, ctx);
-}
-
-template <class T>
-void build_columns(const detail::DeformConv2dArgs<T>& a, std::int64_t n0, std::int64_t Q, bool transposed,
-                   acc_t<T>* col, const Context& ctx, const char* op) {
-  const std::int64_t n = a.s.rows() * Q;
-  if (n == 0) return;
-  column_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(a, n0, Q, transposed, col, n);
-  check_launch("column_kernel", op, ctx);
-}
-
-template <class T>
-void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx) {
-  const DeformConv2dShape& s = call.shape;
-  const std::int64_t n = s.Cout * s.group_in() * s.taps();
-  if (n == 0) return;
-  weight_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(static_cast<const T*>(call.weight.data),
-                                                               dc_strides(call.weight), s, w, n);
-  check_launch("weight_kernel", call.op, ctx);
+  kernel<<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(args..., n);
+  check_launch(name, call.op, ctx);
 }
 
 template <class A>
@@ -136,111 +120,96 @@ std::size_t exact_temp_bytes(const DeformConv2dCall& call, BackwardMode mode) {
                                 static_cast<std::uint64_t>(deform_exact_positions(call.shape)), call.op);
 }
 
+/// The steps of deform_forward_steps / deform_backward_steps (internal/deform_conv2d_backend.h)
+/// as launches of the kernels above, in order on the caller's stream.
+template <class T>
+struct CudaSteps {
+  using A = acc_t<T>;
+  const DeformConv2dCall& call;
+  const Context& ctx;
+  BackwardMode mode = BackwardMode::kExact;
+  GatherCudaBuffers<A> gather{};  // exact grad_input
+
+  const DeformConv2dShape& s() const { return call.shape; }
+  void widen_weight(A* w) const {
+    launch(weight_kernel<T>, s().Cout * s().group_in() * s().taps(), "weight_kernel", call, ctx,
+           static_cast<const T*>(call.weight.data), dc_strides(call.weight), s(), w);
+  }
+  void columns(const detail::DeformConv2dArgs<T>& f, std::int64_t n0, std::int64_t images, bool transposed,
+               A* col) const {
+    const std::int64_t Q = images * s().positions();
+    launch(column_kernel<T>, s().rows() * Q, "column_kernel", call, ctx, f, n0, Q, transposed, col);
+  }
+  void gemm(const detail::DeformGemmArgs<A>& g) const {
+    launch(gemm_kernel<A>, g.G * ((g.M + detail::kDeformGemmRows - 1) / detail::kDeformGemmRows) * g.N, "gemm_kernel",
+           call, ctx, g);
+  }
+  void output(std::int64_t n0, std::int64_t Q, const A* acc) const {
+    const T* bias = s().has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
+    launch(output_kernel<T>, s().Cout * Q, "output_kernel", call, ctx, acc, Q, bias,
+           s().has_bias ? call.bias.strides[0] : std::int64_t{0}, s(), n0, static_cast<T*>(call.output.data),
+           dc_strides(call.output));
+  }
+  void zero_grad_input() const { zero_fill_cuda<T>(call.grads.grad_input, ctx, call.op); }
+  void zero(A* p, std::int64_t n) const {
+    if (n > 0) DETOPS_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(A) * static_cast<std::size_t>(n), stream_of(ctx)), call.op);
+  }
+  void grad_output(std::int64_t n0, std::int64_t Q, A* go) const {
+    launch(grad_output_kernel<T>, s().Cout * Q, "grad_output_kernel", call, ctx,
+           static_cast<const T*>(call.grad_output.data), dc_strides(call.grad_output), s(), n0, Q, go);
+  }
+  void bias(const A* go, std::int64_t Q, A* sums, bool last) const {
+    launch(bias_kernel<T>, s().Cout, "bias_kernel", call, ctx, go, Q, sums, last,
+           static_cast<T*>(call.grads.grad_bias.data), call.grads.grad_bias.strides[0]);
+  }
+  void offsets(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
+    const DeformWants w = deform_wants(call);
+    launch(offset_kernel<T>, images * s().offset_groups * s().taps() * s().positions(), "offset_kernel", call, ctx, a,
+           w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr, dc_strides(call.grads.grad_offset),
+           w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr, dc_strides(call.grads.grad_mask));
+  }
+  void input(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
+    const Strides4 gi = dc_strides(call.grads.grad_input);
+    T* grad_input = static_cast<T*>(call.grads.grad_input.data);
+    if (mode != BackwardMode::kExact) {
+      launch(scatter_kernel<T>, s().rows() * a.Q, "scatter_kernel", call, ctx, a, gi, AtomicAddTo<T>{grad_input});
+      return;
+    }
+    // the engine: records per (image, offset group, tap, position) in canonical order, CUB's
+    // stable sort, then each destination's run summed in order (the run count stays on the device)
+    const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s()));
+    const std::int64_t points = images * s().offset_groups * s().taps() * s().positions(), records = points * 4;
+    launch(enumerate_kernel<T>, points, "enumerate_kernel", call, ctx, a, sentinel, gather.records);
+    const detail::GatherSorted<A> sorted = gather_sort_cuda(gather, records, sentinel, ctx, call.op);
+    const detail::GatherSumArgs<T, A, A> sa{sorted,   a.grad_col, s().taps() * a.Q, grad_input, gi.s1,
+                                         s().offset_group_channels(), sentinel, detail::kGatherPartial};
+    const std::int64_t max_runs = std::min<std::int64_t>(records, static_cast<std::int64_t>(sentinel) + 1);
+    gather_sum_cuda(sa, gather.num_runs, max_runs, channels_innermost(call.grads.grad_input),
+                    detail::DeformConv2dTarget{a.n0, s().offset_groups, s().offset_group_channels(), s().H, s().W, gi},
+                    ctx, call.op);
+  }
+  void store_weight(const A* sums) const {
+    launch(store_weight_kernel<T>, s().Cout * s().group_in() * s().taps(), "store_weight_kernel", call, ctx, sums, s(),
+           static_cast<T*>(call.grads.grad_weight.data), dc_strides(call.grads.grad_weight));
+  }
+};
+
 template <class T>
 void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
-  using A = acc_t<T>;
-  const DeformConv2dShape& s = call.shape;
-  WorkspaceLayout layout;
-  add_deform_forward<A>(layout, s);
-  layout.bind(ws.data);
-  const DeformForwardBuffers<A> buf = take_deform_forward<A>(layout);
-  const detail::DeformConv2dArgs<T> a = deform_conv2d_args<T>(call);
-  widen_weight<T>(call, buf.weight, ctx);
-  const T* bias = s.has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
-  const std::int64_t bias_s = s.has_bias ? call.bias.strides[0] : 0;
-  const std::int64_t chunk = deform_chunk_images(s);
-  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-    const std::int64_t Q = std::min(chunk, s.N - n0) * s.positions();
-    build_columns(a, n0, Q, false, buf.col, ctx, call.op);
-    run_gemm(deform_forward_gemm(s, buf.weight, buf.col, buf.acc, Q), ctx, call.op);
-    const std::int64_t n = s.Cout * Q;
-    output_kernel<T><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(buf.acc, Q, bias, bias_s, s, n0,
-                                                                 static_cast<T*>(call.output.data),
-                                                                 dc_strides(call.output), n);
-    check_launch("output_kernel", call.op, ctx);
-  }
+  CudaSteps<T> x{call, ctx};
+  deform_forward_steps<T>(call, ws, x);
 }
 
 template <class T>
 void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
   using A = acc_t<T>;
-  const DeformConv2dShape& s = call.shape;
-  const DeformWants w = deform_wants(call);
-  cudaStream_t stream = stream_of(ctx);
   const std::size_t temp_bytes = exact_temp_bytes(call, mode);
   WorkspaceLayout layout = backward_layout<A>(call, mode, temp_bytes);
   layout.bind(ws.data);
   const DeformBackwardBuffers<A> buf = take_deform_backward<A>(layout);
-  GatherCudaBuffers<A> gather{};
-  if (mode == BackwardMode::kExact && w.input) gather = take_gather_cuda<A>(layout, temp_bytes);
-
-  if (w.input) zero_fill_cuda<T>(call.grads.grad_input, ctx, call.op);
-  const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
-  widen_weight<T>(call, buf.weight, ctx);
-  T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;
-  T* grad_mask = w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
-  T* grad_bias = w.bias ? static_cast<T*>(call.grads.grad_bias.data) : nullptr;
-  const std::int64_t gbs = w.bias ? call.grads.grad_bias.strides[0] : 0;
-  const std::int64_t wsize = s.Cout * s.group_in() * s.taps();
-  if (w.bias) DETOPS_CUDA_CHECK(cudaMemsetAsync(buf.bias_acc, 0, sizeof(A) * s.Cout, stream), call.op);
-  if (w.weight && s.N == 0) DETOPS_CUDA_CHECK(cudaMemsetAsync(buf.weight_acc, 0, sizeof(A) * wsize, stream), call.op);
-  const std::int64_t chunk = deform_chunk_images(s), P = s.positions();
-  const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s));
-  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * P;
-    const bool last = n0 + images >= s.N;
-    const std::int64_t ngo = s.Cout * Q;
-    if (ngo > 0) {
-      grad_output_kernel<T><<<grid_for(ngo), kBlock, 0, stream>>>(static_cast<const T*>(call.grad_output.data),
-                                                                  dc_strides(call.grad_output), s, n0, Q, buf.go, ngo);
-      check_launch("grad_output_kernel", call.op, ctx);
-    }
-    if (w.bias) {
-      bias_kernel<T><<<grid_for(s.Cout), kBlock, 0, stream>>>(buf.go, Q, buf.bias_acc, last, grad_bias, gbs, s.Cout);
-      check_launch("bias_kernel", call.op, ctx);
-    }
-    if (w.weight) {
-      build_columns(f, n0, Q, true, buf.col_t, ctx, call.op);
-      run_gemm(deform_grad_weight_gemm(s, buf.go, buf.col_t, buf.weight_acc, Q, n0 > 0), ctx, call.op);
-    }
-    if (!w.columns()) continue;
-    run_gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q), ctx, call.op);
-    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
-    const std::int64_t points = images * s.offset_groups * s.taps() * P;
-    if (w.offset || w.mask) {
-      offset_kernel<T><<<grid_for(points), kBlock, 0, stream>>>(a, grad_offset, dc_strides(call.grads.grad_offset),
-                                                                grad_mask, dc_strides(call.grads.grad_mask), points);
-      check_launch("offset_kernel", call.op, ctx);
-    }
-    if (!w.input) continue;
-    const Strides4 gi = dc_strides(call.grads.grad_input);
-    if (mode == BackwardMode::kExact) {
-      enumerate_kernel<T><<<grid_for(points), kBlock, 0, stream>>>(a, sentinel, gather.records, points);
-      check_launch("enumerate_kernel", call.op, ctx);
-      const std::int64_t records = points * 4;
-      const detail::GatherSorted<A> sorted = gather_sort_cuda(gather, records, sentinel, ctx, call.op);
-      const detail::GatherSumArgs<T, A, A> sa{sorted, buf.grad_col, s.taps() * Q, static_cast<T*>(call.grads.grad_input.data),
-                                           gi.s1,  s.offset_group_channels(), sentinel, detail::kGatherPartial};
-      const std::int64_t max_runs = std::min<std::int64_t>(records, static_cast<std::int64_t>(sentinel) + 1);
-      gather_sum_cuda(sa, gather.num_runs, max_runs, channels_innermost(call.grads.grad_input),
-                      detail::DeformConv2dTarget{n0, s.offset_groups, s.offset_group_channels(), s.H, s.W, gi}, ctx,
-                      call.op);
-    } else {
-      const std::int64_t n = s.rows() * Q;
-      scatter_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(
-          a, gi, AtomicAddTo<T>{static_cast<T*>(call.grads.grad_input.data)}, n);
-      check_launch("scatter_kernel", call.op, ctx);
-    }
-  }
-  if (w.weight) {
-    store_weight_kernel<T><<<grid_for(wsize), kBlock, 0, stream>>>(
-        buf.weight_acc, s, static_cast<T*>(call.grads.grad_weight.data), dc_strides(call.grads.grad_weight), wsize);
-    check_launch("store_weight_kernel", call.op, ctx);
-  }
-  if (w.bias && s.N == 0) {  // no chunk stored it: the sums of nothing
-    bias_kernel<T><<<grid_for(s.Cout), kBlock, 0, stream>>>(buf.go, 0, buf.bias_acc, true, grad_bias, gbs, s.Cout);
-    check_launch("bias_kernel", call.op, ctx);
-  }
+  CudaSteps<T> x{call, ctx, mode};
+  if (mode == BackwardMode::kExact && deform_wants(call).input) x.gather = take_gather_cuda<A>(layout, temp_bytes);
+  deform_backward_steps<T>(call, buf, x);
 }
 
 // ---------------------------------------------------------------------------------------------

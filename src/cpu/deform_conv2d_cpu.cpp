@@ -1,5 +1,7 @@
 // CPU backend of deform_conv2d. Every value comes from the shared bodies of
-// include/detops/detail/deform_conv2d_kernels.h; this file only chooses the loops:
+// include/detops/detail/deform_conv2d_kernels.h and the sequence of steps from
+// internal/deform_conv2d_backend.h (deform_forward_steps / deform_backward_steps, run with this
+// file's executor CpuSteps); this file only chooses the loops:
 //  - columns: a sampling point's corners are computed once per (image, offset group, tap, piece
 //    of positions) and read for every channel of the group;
 //  - the GEMMs: the fixed-order kernel of deform_conv2d_cpu_kernels.inc, per instruction set;
@@ -101,31 +103,6 @@ void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx)
            [&](std::int64_t t) { detail::deform_conv2d_weight_element(t, weight, ws, s, w); });
 }
 
-template <class T>
-void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
-  using A = acc_t<T>;
-  const DeformConv2dShape& s = call.shape;
-  WorkspaceLayout layout;
-  add_deform_forward<A>(layout, s);
-  layout.bind(ws.data);
-  const DeformForwardBuffers<A> buf = take_deform_forward<A>(layout);
-  const detail::DeformConv2dArgs<T> a = deform_conv2d_args<T>(call);
-  widen_weight<T>(call, buf.weight, ctx);
-  const T* bias = s.has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
-  const std::int64_t bias_s = s.has_bias ? call.bias.strides[0] : 0;
-  T* out = static_cast<T*>(call.output.data);
-  const Strides4 os = dc_strides(call.output);
-  const std::int64_t chunk = deform_chunk_images(s);
-  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * s.positions();
-    build_columns(a, n0, images, false, buf.col, ctx);
-    run_gemm(deform_forward_gemm(s, buf.weight, buf.col, buf.acc, Q), ctx);
-    for_each(s.Cout * Q, 4096, ctx, [&](std::int64_t t) {
-      detail::deform_conv2d_output_element(t, buf.acc, Q, bias, bias_s, s, n0, out, os);
-    });
-  }
-}
-
 /// Every element of a strided 4-d tensor set to 0 (CUDA's zero-fill body, plane by plane).
 template <class T>
 void zero_fill(const TensorView& v, const Context& ctx) {
@@ -206,68 +183,91 @@ void exact_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwar
                  detail::GatherAllActive{}, /*channels_outer=*/true);
 }
 
+/// The steps of deform_forward_steps / deform_backward_steps (internal/deform_conv2d_backend.h)
+/// on the CPU: the shared bodies in loops on the context's threads, and this file's own walks for
+/// the columns, the GEMMs and grad_input.
+template <class T>
+struct CpuSteps {
+  using A = acc_t<T>;
+  const DeformConv2dCall& call;
+  const Context& ctx;
+  BackwardMode mode = BackwardMode::kExact;
+  GatherCpuBuffers<A> gather{};                           // exact grad_input
+  detail::DeformScatterPoint<A>* scatter_points = nullptr;  // atomic grad_input
+
+  void widen_weight(A* w) const { internal::widen_weight<T>(call, w, ctx); }
+  void columns(const detail::DeformConv2dArgs<T>& f, std::int64_t n0, std::int64_t images, bool transposed,
+               A* col) const {
+    build_columns(f, n0, images, transposed, col, ctx);
+  }
+  void gemm(const detail::DeformGemmArgs<A>& g) const { run_gemm(g, ctx); }
+  void output(std::int64_t n0, std::int64_t Q, const A* acc) const {
+    const DeformConv2dShape& s = call.shape;
+    const T* bias = s.has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
+    const std::int64_t bias_s = s.has_bias ? call.bias.strides[0] : 0;
+    T* out = static_cast<T*>(call.output.data);
+    const Strides4 os = dc_strides(call.output);
+    for_each(s.Cout * Q, 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_output_element(t, acc, Q, bias, bias_s, s, n0, out, os);
+    });
+  }
+  void zero_grad_input() const { zero_fill<T>(call.grads.grad_input, ctx); }
+  void zero(A* p, std::int64_t n) const { std::fill(p, p + n, A(0)); }
+  void grad_output(std::int64_t n0, std::int64_t Q, A* go) const {
+    const T* grad_output = static_cast<const T*>(call.grad_output.data);
+    const Strides4 gos = dc_strides(call.grad_output);
+    for_each(call.shape.Cout * Q, 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_grad_output_element(t, grad_output, gos, call.shape, n0, Q, go);
+    });
+  }
+  void bias(const A* go, std::int64_t Q, A* sums, bool last) const {
+    T* grad_bias = static_cast<T*>(call.grads.grad_bias.data);
+    const std::int64_t gbs = call.grads.grad_bias.strides[0];
+    for_each(call.shape.Cout, 1, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_bias_element(t, go, Q, sums, last, grad_bias, gbs);
+    });
+  }
+  void offsets(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
+    const DeformConv2dShape& s = call.shape;
+    const DeformWants w = deform_wants(call);
+    T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;
+    T* grad_mask = w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
+    const Strides4 offs = dc_strides(call.grads.grad_offset), ms = dc_strides(call.grads.grad_mask);
+    for_each(images * s.offset_groups * s.taps() * s.positions(), 256, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_offset_element(t, a, grad_offset, offs, grad_mask, ms);
+    });
+  }
+  void input(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
+    if (mode == BackwardMode::kExact) exact_input<T>(call, a, images, gather, ctx);
+    else scatter_input<T>(call, a, images, scatter_points, ctx);
+  }
+  void store_weight(const A* sums) const {
+    const DeformConv2dShape& s = call.shape;
+    T* gw = static_cast<T*>(call.grads.grad_weight.data);
+    const Strides4 gws = dc_strides(call.grads.grad_weight);
+    for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx, [&](std::int64_t t) {
+      detail::deform_conv2d_store_weight_element(t, sums, s, gw, gws);
+    });
+  }
+};
+
+template <class T>
+void forward_typed(const DeformConv2dCall& call, const Context& ctx, Workspace ws) {
+  CpuSteps<T> x{call, ctx};
+  deform_forward_steps<T>(call, ws, x);
+}
+
 template <class T>
 void backward_typed(const DeformConv2dCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
   using A = acc_t<T>;
-  const DeformConv2dShape& s = call.shape;
   const DeformWants w = deform_wants(call);
   WorkspaceLayout layout = backward_layout<A>(call, mode);
   layout.bind(ws.data);
   const DeformBackwardBuffers<A> buf = take_deform_backward<A>(layout);
-  GatherCpuBuffers<A> gather{};
-  if (mode == BackwardMode::kExact && w.input) gather = take_gather_cpu<A>(layout);
-  detail::DeformScatterPoint<A>* scatter_points = nullptr;
-  if (mode == BackwardMode::kAtomic && w.input) scatter_points = layout.take<detail::DeformScatterPoint<A>>();
-
-  if (w.input) zero_fill<T>(call.grads.grad_input, ctx);
-  const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
-  widen_weight<T>(call, buf.weight, ctx);
-  const T* grad_output = static_cast<const T*>(call.grad_output.data);
-  const Strides4 gos = dc_strides(call.grad_output);
-  T* grad_offset = w.offset ? static_cast<T*>(call.grads.grad_offset.data) : nullptr;
-  T* grad_mask = w.mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
-  T* grad_bias = w.bias ? static_cast<T*>(call.grads.grad_bias.data) : nullptr;
-  const std::int64_t gbs = w.bias ? call.grads.grad_bias.strides[0] : 0;
-  if (w.bias) std::fill(buf.bias_acc, buf.bias_acc + s.Cout, A(0));
-  const std::int64_t chunk = deform_chunk_images(s), P = s.positions();
-  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
-    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * P;
-    const bool last = n0 + images >= s.N;
-    for_each(s.Cout * Q, 4096, ctx, [&](std::int64_t t) {
-      detail::deform_conv2d_grad_output_element(t, grad_output, gos, s, n0, Q, buf.go);
-    });
-    if (w.bias)
-      for_each(s.Cout, 1, ctx, [&](std::int64_t t) {
-        detail::deform_conv2d_bias_element(t, buf.go, Q, buf.bias_acc, last, grad_bias, gbs);
-      });
-    if (w.weight) {
-      build_columns(f, n0, images, true, buf.col_t, ctx);
-      run_gemm(deform_grad_weight_gemm(s, buf.go, buf.col_t, buf.weight_acc, Q, n0 > 0), ctx);
-    }
-    if (!w.columns()) continue;
-    run_gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q), ctx);
-    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
-    if (w.offset || w.mask) {
-      const Strides4 offs = dc_strides(call.grads.grad_offset), ms = dc_strides(call.grads.grad_mask);
-      for_each(images * s.offset_groups * s.taps() * P, 256, ctx, [&](std::int64_t t) {
-        detail::deform_conv2d_offset_element(t, a, grad_offset, offs, grad_mask, ms);
-      });
-    }
-    if (w.input) {
-      if (mode == BackwardMode::kExact) exact_input<T>(call, a, images, gather, ctx);
-      else scatter_input<T>(call, a, images, scatter_points, ctx);
-    }
-  }
-  if (w.weight) {
-    T* gw = static_cast<T*>(call.grads.grad_weight.data);
-    const Strides4 gws = dc_strides(call.grads.grad_weight);
-    if (s.N == 0) std::fill(buf.weight_acc, buf.weight_acc + s.Cout * s.group_in() * s.taps(), A(0));
-    for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx, [&](std::int64_t t) {
-      detail::deform_conv2d_store_weight_element(t, buf.weight_acc, s, gw, gws);
-    });
-  }
-  if (w.bias && s.N == 0)
-    for (std::int64_t o = 0; o < s.Cout; ++o) grad_bias[o * gbs] = from_acc<T>(A(0));
+  CpuSteps<T> x{call, ctx, mode};
+  if (mode == BackwardMode::kExact && w.input) x.gather = take_gather_cpu<A>(layout);
+  if (mode == BackwardMode::kAtomic && w.input) x.scatter_points = layout.take<detail::DeformScatterPoint<A>>();
+  deform_backward_steps<T>(call, buf, x);
 }
 
 // ---------------------------------------------------------------------------------------------

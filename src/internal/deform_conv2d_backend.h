@@ -1,6 +1,6 @@
-// What the deform_conv2d entry points hand to a backend after validation, the chunking and the
-// workspace layout both backends share, and the backend table. Shared by
-// src/cpu/deform_conv2d_cpu.cpp and cuda/deform_conv2d_cuda.cu.
+// What the deform_conv2d entry points hand to a backend after validation, the chunking, the
+// workspace layout and the sequence of steps both backends share, and the backend table. Shared
+// by src/cpu/deform_conv2d_cpu.cpp and cuda/deform_conv2d_cuda.cu.
 #pragma once
 
 #include <algorithm>
@@ -159,6 +159,73 @@ detail::DeformGemmArgs<A> deform_grad_weight_gemm(const detail::DeformConv2dShap
                                                   A* weight_acc, std::int64_t Q, bool accumulate) {
   const std::int64_t rg = s.group_in() * s.taps(), mg = s.group_out();
   return {go, mg * Q, Q, 1, col_t, rg, s.rows(), weight_acc, mg * rg, rg, s.groups, mg, rg, Q, accumulate};
+}
+
+/// The forward's and the backward's steps, written once for every backend (and for the
+/// emulated-grid test, tests/deform_conv2d_emulated_test.cpp): the chunking, the order of the
+/// steps and each step's arguments. A backend supplies the executor `x`, which carries out each
+/// step on its device (CPU loops, CUDA launches on the caller's stream). The forward lays out its
+/// workspace (`ws`, deform_forward_workspace_bytes()) itself; the backward takes the shared
+/// arrays of the backend's layout. The steps:
+///   widen_weight(A* w)                     weight as A, [Cout, Rg]
+///   columns(f, n0, images, transposed, col) the chunk's columns, [R, Q] or [Q, R]
+///   gemm(const detail::DeformGemmArgs<A>&) the fixed-order GEMM
+///   output(n0, Q, const A* acc)            forward: acc (+ bias) into output
+///   zero_grad_input(), zero(A* p, n)       grad_input, and running sums, set to 0
+///   grad_output(n0, Q, A* go)              the chunk's grad_output as A, [Cout, Q]
+///   bias(const A* go, Q, A* sums, last)    grad_bias's sums (stored when `last`)
+///   offsets(a, images)                     the chunk's grad_offset / grad_mask
+///   input(a, images)                       the chunk's share of grad_input, the mode's way
+///   store_weight(const A* sums)            grad_weight from its sums
+/// A step over nothing (a zero count) must be a no-op.
+template <class T, class X>
+void deform_forward_steps(const DeformConv2dCall& call, Workspace ws, X& x) {
+  using A = acc_t<T>;
+  WorkspaceLayout layout;  // the same on every backend (deform_forward_workspace_bytes)
+  add_deform_forward<A>(layout, call.shape);
+  layout.bind(ws.data);
+  const DeformForwardBuffers<A> buf = take_deform_forward<A>(layout);
+  const detail::DeformConv2dShape& s = call.shape;
+  const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
+  x.widen_weight(buf.weight);
+  const std::int64_t chunk = deform_chunk_images(s);
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
+    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * s.positions();
+    x.columns(f, n0, images, false, buf.col);
+    x.gemm(deform_forward_gemm(s, buf.weight, buf.col, buf.acc, Q));
+    x.output(n0, Q, buf.acc);
+  }
+}
+
+/// See deform_forward_steps. Per chunk of whole images: grad_output widened, grad_bias's and
+/// grad_weight's running sums continued, grad_columns = W^T x go, then grad_offset / grad_mask
+/// (one writer each) and grad_input from grad_columns.
+template <class T, class X>
+void deform_backward_steps(const DeformConv2dCall& call, const DeformBackwardBuffers<acc_t<T>>& buf, X& x) {
+  const detail::DeformConv2dShape& s = call.shape;
+  const DeformWants w = deform_wants(call);
+  if (w.input) x.zero_grad_input();
+  x.widen_weight(buf.weight);
+  if (w.bias) x.zero(buf.bias_acc, s.Cout);
+  if (w.weight && s.N == 0) x.zero(buf.weight_acc, s.Cout * s.group_in() * s.taps());  // no chunk starts them
+  const detail::DeformConv2dArgs<T> f = deform_conv2d_args<T>(call);
+  const std::int64_t chunk = deform_chunk_images(s);
+  for (std::int64_t n0 = 0; n0 < s.N; n0 += chunk) {
+    const std::int64_t images = std::min(chunk, s.N - n0), Q = images * s.positions();
+    x.grad_output(n0, Q, buf.go);
+    if (w.bias) x.bias(buf.go, Q, buf.bias_acc, n0 + images >= s.N);
+    if (w.weight) {
+      x.columns(f, n0, images, true, buf.col_t);
+      x.gemm(deform_grad_weight_gemm(s, buf.go, buf.col_t, buf.weight_acc, Q, n0 > 0));
+    }
+    if (!w.columns()) continue;
+    x.gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q));
+    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
+    if (w.offset || w.mask) x.offsets(a, images);
+    if (w.input) x.input(a, images);
+  }
+  if (w.weight) x.store_weight(buf.weight_acc);
+  if (w.bias && s.N == 0) x.bias(buf.go, 0, buf.bias_acc, true);  // no chunk stored it: the sums of nothing
 }
 
 /// A deform_conv2d backend: one table per device (internal/backend.h), defined at the bottom of
