@@ -129,7 +129,8 @@ template <class A>
 void build_roi_table(const detail::RoiSource& rois, std::int64_t k, const detail::RoiAlignShape& s, std::int64_t sh,
                      std::int64_t sw, RoiTable<A>& t) {
   t.box = detail::load_roi_box<A>(rois, k, s);
-  t.per_bin = t.box.grid_h * t.box.grid_w;
+  // an invalid box may keep the grid it was refused for (up to 2^40 + 1 per axis): no product
+  t.per_bin = t.box.batch < 0 ? 0 : t.box.grid_h * t.box.grid_w;
   t.samples.resize(static_cast<std::size_t>(table_size(t.box, s)));
   fill_roi_samples(t.box, s, sh, sw, t.samples.data());
 }
