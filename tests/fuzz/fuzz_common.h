@@ -792,5 +792,48 @@ inline bool close(double got, double want, double tol) {
   return std::fabs(got - want) <= tol;
 }
 
+/// Below the normal range the error of each operation is absolute: half a subnormal spacing of
+/// the accumulation type, and the storage dtype's rounding near its smallest normal.
+inline double underflow_error(DType dt) {
+  return (dt == DType::kFloat64 ? std::numeric_limits<double>::denorm_min()
+                                : static_cast<double>(std::numeric_limits<float>::denorm_min())) +
+         dtype_min_normal(dt) * 2 * unit_roundoff(dt);
+}
+
+/// Checks a scattered gradient (RoIAlign's and RoIAlignRotated's grad_input, NCHW values) against
+/// the float64 reference. Per element the reference walk gathered `count` contributions whose
+/// magnitudes sum to `absmag`, and `absgd`, the sum of the position-error allowances of the
+/// samples near it. The sum's error depends on the mode: atomic adds round to the dtype on the
+/// CPU, truncated rounds every contribution to 16 bits first (and flushes below their
+/// subnormals), exact sums in the accumulation type. An element whose contributions may sum past
+/// the dtype's largest value (to inf) is not compared.
+inline void check_scattered_gradient(const std::vector<double>& got, const std::vector<double>& want,
+                                     const std::vector<double>& absgd, const std::vector<double>& absmag,
+                                     const std::vector<double>& count, std::int64_t C, std::int64_t H, std::int64_t W,
+                                     DType dt, const RoiAlignBackwardOptions& bwd) {
+  const double eps_t = unit_roundoff(dt), eps_a = acc_roundoff(dt);
+  double eps = eps_a, abs_per_term = 0;
+  switch (bwd.mode) {
+    case BackwardMode::kAtomic: eps = std::max(eps_a, eps_t); break;
+    case BackwardMode::kTruncated:
+      eps = bwd.truncation == TruncationFormat::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+      abs_per_term = std::ldexp(1.0, bwd.truncation == TruncationFormat::kFloat16 ? -25 : -134);
+      break;
+    default: break;
+  }
+  const double under = underflow_error(dt);
+  const std::size_t plane = static_cast<std::size_t>(H * W), image = static_cast<std::size_t>(C) * plane;
+  const double top = dtype_max(dt) / (1 + 1.0 / 16);
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    if (absmag[e] >= top) continue;  // the sum may round past the dtype's range to inf
+    const double tol = 8 * absgd[e] + (count[e] + 4) * eps * absmag[e] + count[e] * abs_per_term +
+                       2 * eps_t * std::fabs(want[e]) + 2 * (count[e] + 4) * under;
+    FUZZ_CHECK(close(got[e], want[e], tol),
+               "grad_input[n={}, c={}, y={}, x={}] = {} but the float64 reference gives {} (tol {:.3g}, {} contributions)",
+               e / image, (e / plane) % static_cast<std::size_t>(C), (e / static_cast<std::size_t>(W)) % static_cast<std::size_t>(H),
+               e % static_cast<std::size_t>(W), got[e], want[e], tol, count[e]);
+  }
+}
+
 }  // namespace fuzz
 }  // namespace detops

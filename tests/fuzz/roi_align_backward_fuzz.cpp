@@ -79,29 +79,7 @@ void check_values(const RoiAlignCase& c) {
   const std::vector<double> want = ref::roi_align_backward_ref(grad_f, c.N, c.C, c.H, c.W, rois_f, kept, PH, PW,
                                                                o.spatial_scale, o.sampling_ratio, o.aligned, max_pool,
                                                                max_pool ? &am_f : nullptr);
-  const double eps_t = unit_roundoff(c.dt), eps_a = acc_roundoff(c.dt);
-  double eps = eps_a, abs_per_term = 0;
-  switch (c.bwd.mode) {
-    case BackwardMode::kAtomic: eps = std::max(eps_a, eps_t); break;  // CPU: every addition rounds to the dtype
-    case BackwardMode::kTruncated:
-      eps = c.bwd.truncation == TruncationFormat::kFloat16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
-      abs_per_term = std::ldexp(1.0, c.bwd.truncation == TruncationFormat::kFloat16 ? -25 : -134);  // their subnormals
-      break;
-    default: break;
-  }
-  // Below the normal range the error of each operation is absolute: half a subnormal spacing.
-  const double under = (c.dt == DType::kFloat64 ? std::numeric_limits<double>::denorm_min()
-                                                  : static_cast<double>(std::numeric_limits<float>::denorm_min())) +
-                       dtype_min_normal(c.dt) * 2 * eps_t;
-  for (std::size_t p = 0; p < total; ++p) {
-    const double tol = 8 * absgd[p] + (count[p] + 4) * eps * absmag[p] + count[p] * abs_per_term +
-                       2 * eps_t * std::fabs(want[p]) + 2 * (count[p] + 4) * under;
-    FUZZ_CHECK(close(got[p], want[p], tol),
-               "grad_input[n={}, c={}, y={}, x={}] = {} but the float64 reference gives {} (tol {:.3g}, {} contributions)",
-               p / static_cast<std::size_t>(c.C * c.H * c.W), (p / static_cast<std::size_t>(c.H * c.W)) % static_cast<std::size_t>(c.C),
-               (p / static_cast<std::size_t>(c.W)) % static_cast<std::size_t>(c.H), p % static_cast<std::size_t>(c.W),
-               got[p], want[p], tol, count[p]);
-  }
+  check_scattered_gradient(got, want, absgd, absmag, count, c.C, c.H, c.W, c.dt, c.bwd);
 }
 
 }  // namespace

@@ -65,9 +65,11 @@ inline RoiRow classify_row(const double* v, const RoiAlignCase& c) {
     }
   const bool f64 = c.dt == DType::kFloat64;
   const double offset = o.aligned ? 0.5 : 0.0;
-  double m = 0;
-  for (int i = 1; i < 5; ++i) m = std::max(m, std::fabs(v[i] * o.spatial_scale));
-  if (m > (f64 ? 1e300 : 1e30) || !std::isfinite(m)) {  // the scaled box may overflow the accumulation type
+  double m = 0, raw = 0;
+  for (int i = 1; i < 5; ++i) m = std::max(m, std::fabs(v[i] * o.spatial_scale)), raw = std::max(raw, std::fabs(v[i]));
+  // the scaled box may overflow the accumulation type; so may a value itself, which the library
+  // converts to that type before scaling it (a float64 row of 3.5e38 is inf in float)
+  if (m > (f64 ? 1e300 : 1e30) || !std::isfinite(m) || (!f64 && raw > 3e38)) {
     row.status = RowStatus::kMaybe;
     row.samples_upper = static_cast<double>(o.max_samples_per_roi);
     return row;

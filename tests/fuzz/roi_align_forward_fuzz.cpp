@@ -45,10 +45,7 @@ void check_values(const RoiAlignCase& c) {
                                o.spatial_scale, o.sampling_ratio, o.aligned, false, &mag);
     const double n = static_cast<double>(row.grid_h * row.grid_w);
     const double eps_a = acc_roundoff(c.dt), eps_t = unit_roundoff(c.dt);
-    // Below the normal range the error of each operation is absolute: half a subnormal spacing.
-    const double under = (c.dt == DType::kFloat64 ? std::numeric_limits<double>::denorm_min()
-                                                    : static_cast<double>(std::numeric_limits<float>::denorm_min())) +
-                         dtype_min_normal(c.dt) * 2 * eps_t;
+    const double under = underflow_error(c.dt);
     const double tiny = 2 * (4 * n + 8) * under;
     const ref::RoiGeometryRef g = ref::roi_geometry_ref(row.v, o.pooled_height, o.pooled_width, o.spatial_scale,
                                                         o.sampling_ratio, o.aligned);

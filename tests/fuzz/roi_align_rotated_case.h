@@ -7,9 +7,18 @@
 #pragma once
 
 #include "fuzz_common.h"
+#include "reference/roi_align_rotated_reference.h"
 
 namespace detops {
 namespace fuzz {
+
+/// What a returned call must have done with one roi row.
+struct RotatedRow {
+  bool valid = false;       // the library pools it (an invalid row pools to zero, unchecked)
+  bool comparable = false;  // valid, moderate, an exact grid, no sample near a discontinuity
+  double delta = 0;         // bound on the library's sample position error (accumulation type)
+  double v[6] = {};         // the stored values, as the library reads them
+};
 
 struct RotatedCase {
   RoiAlignRotatedOptions opt;
@@ -20,7 +29,54 @@ struct RotatedCase {
   Expect expect = Expect::kSuccess;
   bool pooled_finite = true, features_finite = true;
   double pooled_maxabs = 0, features_maxabs = 0;
+  std::vector<RotatedRow> rows;
 };
+
+/// The float64 reference's parameters for the case's options.
+inline ref::RotatedParamsRef rotated_params(const RotatedCase& c) {
+  ref::RotatedParamsRef p;
+  p.PH = c.opt.pooled_height;
+  p.PW = c.opt.pooled_width;
+  p.spatial_scale = c.opt.spatial_scale;
+  p.sampling_ratio = c.opt.sampling_ratio;
+  p.aligned = c.opt.aligned;
+  p.radians = c.opt.angle_unit == AngleUnit::kRadians;
+  p.clockwise = c.opt.clockwise;
+  return p;
+}
+
+/// Whether the float64 reference applies to a valid row, and the position error it allows.
+/// The library computes the box in the accumulation type A (float below float64): every sample
+/// position is within delta = 64 u (2 + m) of the exact one, m the box's largest scaled value
+/// (centre, size; the angle's sine and cosine are within one rounding of A). The sampling is
+/// continuous except where a sample crosses the apron's edge (y = -1 or H, x = -1 or W) and where
+/// the adaptive grid ceil(size / pooled) changes; a row with a sample within delta of an edge, or
+/// a size / pooled within delta of an integer, is not compared. Neither is a row whose grid the
+/// sample guard may refuse, nor a large or huge one (cost, overflow).
+inline void classify_rotated_row(const RotatedCase& c, RotatedRow* row) {
+  const RoiAlignRotatedOptions& o = c.opt;
+  const double* v = row->v;
+  double m = 0;
+  for (int i = 1; i < 5; ++i) m = std::max(m, std::fabs(v[i] * o.spatial_scale));
+  if (m > 4096 || std::fabs(v[5]) > 1e4) return;
+  const double u = c.dt == DType::kFloat64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  row->delta = 64 * u * (2 + m);
+  const ref::RotatedParamsRef p = rotated_params(c);
+  if (o.sampling_ratio <= 0) {
+    double roi_h = v[4] * o.spatial_scale, roi_w = v[3] * o.spatial_scale;
+    if (!o.aligned) roi_h = std::max(roi_h, 1.0), roi_w = std::max(roi_w, 1.0);
+    const double qh = roi_h / static_cast<double>(p.PH), qw = roi_w / static_cast<double>(p.PW);
+    if (std::fabs(qh - std::round(qh)) <= row->delta || std::fabs(qw - std::round(qw)) <= row->delta) return;
+  }
+  const std::vector<ref::RotatedSampleRef> samples = ref::rotated_samples_ref(v, p);
+  if (static_cast<double>(samples.size()) > std::min(20000.0, static_cast<double>(o.max_samples_per_roi))) return;
+  const double H = static_cast<double>(c.H), W = static_cast<double>(c.W);
+  for (const ref::RotatedSampleRef& s : samples)
+    if (std::fabs(s.y + 1) <= row->delta || std::fabs(s.y - H) <= row->delta || std::fabs(s.x + 1) <= row->delta ||
+        std::fabs(s.x - W) <= row->delta)
+      return;
+  row->comparable = true;
+}
 
 /// Whether a stored row (values as the library reads them) is valid for the options: an integer
 /// batch index in [0, N), finite values, and non-negative sizes when aligned. `huge`: a size
@@ -89,15 +145,17 @@ inline RotatedCase decode_rotated(Reader& r, Arena& arena, bool backward) {
   write_values(c.rois.view, rows);
   const std::vector<double> stored = read_values(c.rois.view);
   bool any_invalid = false, any_huge = false;
+  c.rows.resize(static_cast<std::size_t>(c.K));
   for (std::int64_t k = 0; k < c.K; ++k) {
+    RotatedRow& row = c.rows[static_cast<std::size_t>(k)];
+    std::copy(&stored[static_cast<std::size_t>(k * 6)], &stored[static_cast<std::size_t>(k * 6)] + 6, row.v);
     bool huge = false;
-    const bool valid = rotated_row_valid(&stored[static_cast<std::size_t>(k * 6)], c, &huge);
-    any_invalid |= !valid;
-    any_huge |= valid && huge;
-    describe("rois[{}] = ({}, {}, {}, {}, {}, {}){}", k, stored[static_cast<std::size_t>(k * 6)],
-             stored[static_cast<std::size_t>(k * 6 + 1)], stored[static_cast<std::size_t>(k * 6 + 2)],
-             stored[static_cast<std::size_t>(k * 6 + 3)], stored[static_cast<std::size_t>(k * 6 + 4)],
-             stored[static_cast<std::size_t>(k * 6 + 5)], valid ? "" : " invalid");
+    row.valid = rotated_row_valid(row.v, c, &huge);
+    any_invalid |= !row.valid;
+    any_huge |= row.valid && huge;
+    if (row.valid && !huge) classify_rotated_row(c, &row);
+    describe("rois[{}] = ({}, {}, {}, {}, {}, {}){}", k, row.v[0], row.v[1], row.v[2], row.v[3], row.v[4], row.v[5],
+             !row.valid ? " invalid" : row.comparable ? fmt::format(" comparable delta {:.3g}", row.delta) : "");
   }
   if (any_invalid && o.check_rois) c.expect = Expect::kError;
   // a huge box may exceed the sample guard (or the workspace limit); the guard may also be tiny
