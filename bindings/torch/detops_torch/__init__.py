@@ -13,7 +13,8 @@ autograd) and provides torchvision-, detectron2- and mmcv-compatible modules ove
     attn = detops_torch.MultiScaleDeformableAttention(256, 8, 4, 4)    # mmcv's module (MSDeformAttn:
                                                                        # Deformable-DETR's)
     y = detops_torch.deform_conv2d(x, offset, weight, mask=mask)       # torchvision's signature
-    dcn = detops_torch.ModulatedDeformConv2dPack(256, 256, 3, padding=1)  # mmcv's DCNv2 (DeformConv2d:
+    dcn = detops_torch.ModulatedDeformConv2dPack(256, 256, 3, padding=1)  # mmcv's DCNv2 (DeformConv2dPack:
+                                                                          # its DCNv1; DeformConv2d:
                                                                           # torchvision's)
 
 The compiled op library ``_C.so`` is built for one torch version; importing it into another can
@@ -73,8 +74,9 @@ from . import distributed  # noqa: E402
 from . import compat  # noqa: E402
 from .functional import (deform_conv2d, grid_sample, ms_deform_attn, point_sample, roi_align,  # noqa: E402
                          roi_align_rotated)
-from .nn import (DeformConv2d, FrozenBatchNorm2d, ModulatedDeformConv2dPack, MSDeformAttn,  # noqa: E402
-                 MultiScaleDeformableAttention, MultiScaleRoIAlign, RoIAlign, RoIAlignRotated, ROIAlignRotated,
+from .nn import (DeformConv2d, DeformConv2dPack, FrozenBatchNorm2d, ModulatedDeformConv2dPack,  # noqa: E402
+                 MSDeformAttn, MultiScaleDeformableAttention, MultiScaleRoIAlign, RoIAlign, RoIAlignRotated,
+                 ROIAlignRotated,
                  convert_frozen_batchnorm)
 from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
 from .convert import convert  # noqa: E402
@@ -93,6 +95,7 @@ __all__ = [
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
     "DeformConv2d",
+    "DeformConv2dPack",
     "ModulatedDeformConv2dPack",
     "FrozenBatchNorm2d",
     "convert_frozen_batchnorm",

@@ -12,7 +12,7 @@
 Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them (and the
 rotated, deformable-convolution and deformable-attention modules of :mod:`detops_torch.nn`)
 nameable from mmdetection and mmrotate configs (``roi_layer=dict(type='DetopsRoIAlign', ...)``,
-``norm_cfg=dict(type='DetopsSyncBN')``, ``dcn=dict(type='DetopsDCNv2', ...)``).
+``norm_cfg=dict(type='DetopsSyncBN')``, ``dcn=dict(type='DetopsDCN', ...)`` or ``'DetopsDCNv2'``).
 """
 import importlib
 from typing import Dict
@@ -114,10 +114,11 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
     mmdetection and mmrotate look layers up with ``getattr(mmcv.ops, type)``). Registers, with mmcv
     2.x, in mmengine's ``MODELS``: ``DetopsSyncBN`` (the detops
     :class:`~detops_torch.SyncBatchNorm`), ``DetopsRoIAlign``, ``DetopsRoIAlignRotated``,
-    ``DetopsDCNv2`` (:class:`~detops_torch.ModulatedDeformConv2dPack`, for
-    ``dcn=dict(type='DetopsDCNv2', ...)``) and ``DetopsMultiScaleDeformableAttention``; with mmcv
+    ``DetopsDCN`` and ``DetopsDCNv2`` (:class:`~detops_torch.DeformConv2dPack` and
+    :class:`~detops_torch.ModulatedDeformConv2dPack`, for ``dcn=dict(type='DetopsDCN', ...)``, as
+    mmdetection's ``DCN`` and ``DCNv2``) and ``DetopsMultiScaleDeformableAttention``; with mmcv
     1.x, the same names in the registries mmcv 1.x looks them up in: ``NORM_LAYERS``
-    (``DetopsSyncBN``), ``CONV_LAYERS`` (``DetopsDCNv2``) and ``ATTENTION``
+    (``DetopsSyncBN``), ``CONV_LAYERS`` (``DetopsDCN``, ``DetopsDCNv2``) and ``ATTENTION``
     (``DetopsMultiScaleDeformableAttention``). Returns what was registered, by qualified name.
 
     Raises ImportError, naming the cause, when mmcv is not importable.
@@ -137,7 +138,8 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
         registered["mmcv.ops." + name] = cls
 
     layers = {"DetopsSyncBN": SyncBatchNorm, "DetopsRoIAlign": RoIAlign,
-              "DetopsRoIAlignRotated": _dnn.RoIAlignRotated, "DetopsDCNv2": _dnn.ModulatedDeformConv2dPack,
+              "DetopsRoIAlignRotated": _dnn.RoIAlignRotated, "DetopsDCN": _dnn.DeformConv2dPack,
+              "DetopsDCNv2": _dnn.ModulatedDeformConv2dPack,
               "DetopsMultiScaleDeformableAttention": _dnn.MultiScaleDeformableAttention}
     try:  # mmcv 2.x: one registry in mmengine
         from mmengine.registry import MODELS  # type: ignore
@@ -145,7 +147,8 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
     except Exception:  # mmcv 1.x: a registry per kind of layer (the RoI layers have none)
         targets = []
         for prefix, where, attr, names in (("mmcv.NORM_LAYERS", "mmcv.cnn", "NORM_LAYERS", ["DetopsSyncBN"]),
-                                           ("mmcv.CONV_LAYERS", "mmcv.cnn", "CONV_LAYERS", ["DetopsDCNv2"]),
+                                           ("mmcv.CONV_LAYERS", "mmcv.cnn", "CONV_LAYERS",
+                                            ["DetopsDCN", "DetopsDCNv2"]),
                                            ("mmcv.ATTENTION", "mmcv.cnn.bricks.registry", "ATTENTION",
                                             ["DetopsMultiScaleDeformableAttention"])):
             try:

@@ -1,4 +1,4 @@
-# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d, DeformConv2d; detectron2's ROIAlignRotated and mmcv's RoIAlignRotated; mmcv's MultiScaleDeformableAttention, ModulatedDeformConv2dPack and Deformable-DETR's MSDeformAttn.
+# Modules over the detops ops: torchvision's RoIAlign, MultiScaleRoIAlign (the FPN pooler), FrozenBatchNorm2d, DeformConv2d; detectron2's ROIAlignRotated and mmcv's RoIAlignRotated; mmcv's MultiScaleDeformableAttention, DeformConv2dPack, ModulatedDeformConv2dPack and Deformable-DETR's MSDeformAttn.
 """Modules with the anchors' constructor signatures and defaults, computed by detops.
 
 * ``RoIAlign(output_size, spatial_scale, sampling_ratio, aligned=False)``
@@ -22,6 +22,9 @@
 * ``DeformConv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
   bias=True)``: torchvision's (its parameters, initialisation, state dict, repr and
   ``forward(input, offset, mask=None)``)
+* ``DeformConv2dPack(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+  groups=1, deform_groups=1, bias=False, im2col_step=32)``: mmcv's DCNv1 layer (``mmcv.ops``,
+  config type ``DCN``): its own zero-initialised ``conv_offset`` predicts the offsets
 * ``ModulatedDeformConv2dPack(in_channels, out_channels, kernel_size, stride=1, padding=0,
   dilation=1, groups=1, deform_groups=1, bias=True)``: mmcv's DCNv2 layer (``mmcv.ops``, config
   type ``DCNv2``): its own zero-initialised ``conv_offset`` predicts offsets and mask; an mmcv
@@ -60,6 +63,7 @@ __all__ = [
     "MultiScaleDeformableAttention",
     "MSDeformAttn",
     "DeformConv2d",
+    "DeformConv2dPack",
     "ModulatedDeformConv2dPack",
 ]
 
@@ -697,34 +701,18 @@ class DeformConv2d(nn.Module):
         return s + ")"
 
 
-class ModulatedDeformConv2dPack(nn.Module):
-    """mmcv's ``ModulatedDeformConv2dPack`` (``mmcv.ops``; the ``DCNv2`` of mmdetection configs),
-    computed by detops: a DCNv2 layer that predicts its own offsets and mask.
-
-    Same constructor (mmcv's deprecated ``deformable_groups`` is accepted with a warning),
-    attributes, parameters (``weight``, ``bias``, ``conv_offset.weight``, ``conv_offset.bias``),
-    initialisation (:meth:`init_weights`, with mmcv's sequence of random draws) and state-dict
-    version (2; version-1 checkpoints that name the offset conv ``<name>_offset`` are renamed on
-    load, as mmcv does). ``forward(x)``: ``conv_offset(x)`` (``deform_groups * 3 * kh * kw``
-    channels) is split into thirds ``o1, o2, m``; ``offset = cat(o1, o2)``, ``mask = sigmoid(m)``.
-
-    Offset channels: mmcv's kernels read offset channel ``2 * t`` as the y and ``2 * t + 1`` as the
-    x offset of kernel tap ``t`` (per deformable group), exactly as torchvision's and detops' do, so
-    the concatenated ``offset`` goes to detops unchanged and an mmcv checkpoint gives mmcv's output
-    (the y offsets are thus the even channels of the two first thirds, not the first third).
-    Like mmcv, the input, weight, bias and mask are cast to the offset's dtype (under autocast the
-    offset conv's output is 16-bit). The keyword-only ``mode`` is the backward mode.
-    """
+class _DeformConvPack(nn.Module):
+    """What mmcv's two Packs share: the constructor's checks and attributes, the offset conv's
+    checkpoint versions, and mmcv's dtype rule for the forward."""
 
     _version = 2
 
-    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
-                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
-                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]], stride,
+                 padding, dilation, groups: int, deform_groups: int, mode: str):
         super().__init__()
         owner = type(self).__name__
-        # mmcv checks none of these (a bad value fails in its kernel); here they fail where written.
+        # mmcv checks none of these or asserts them (a bad value fails in its kernel); here they
+        # fail where written.
         for name, channels, what, parts in (("in_channels", in_channels, "groups", groups),
                                             ("out_channels", out_channels, "groups", groups),
                                             ("in_channels", in_channels, "deform_groups", deform_groups)):
@@ -744,6 +732,118 @@ class ModulatedDeformConv2dPack(nn.Module):
         self.output_padding = (0,)
         self.mode = mode
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+
+    def _offset_conv(self, channels_per_tap: int) -> nn.Conv2d:
+        """mmcv's ``conv_offset``: ``deform_groups * channels_per_tap * kh * kw`` outputs, the
+        layer's stride, padding and dilation, with bias (nn.Conv2d's own initial draws)."""
+        return nn.Conv2d(self.in_channels,
+                         self.deform_groups * channels_per_tap * self.kernel_size[0] * self.kernel_size[1],
+                         kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                         dilation=self.dilation, bias=True)
+
+    def _deform(self, x: Tensor, offset: Tensor, bias: Optional[Tensor], mask: Optional[Tensor]) -> Tensor:
+        # mmcv casts the input, weight, bias and mask to the offset's dtype (16-bit under autocast,
+        # where the offset conv's output is).
+        x = x.type_as(offset)
+        weight = self.weight.type_as(x)
+        if bias is not None:
+            bias = bias.type_as(x)
+        if mask is not None:
+            mask = mask.type_as(x)
+        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.mode)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # Version-1 checkpoints (mmdetection's first DCN models) name the offset conv
+        # "<this module's name>_offset" next to the module, e.g. "layer1.0.conv2_offset.weight"
+        # for the module "layer1.0.conv2"; mmcv renames them, and so does this.
+        version = local_metadata.get("version", None)
+        if version is None or version < 2:
+            for param in ("weight", "bias"):
+                new_key = f"{prefix}conv_offset.{param}"
+                old_key = f"{prefix[:-1]}_offset.{param}"
+                if new_key not in state_dict and old_key in state_dict:
+                    state_dict[new_key] = state_dict.pop(old_key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+class DeformConv2dPack(_DeformConvPack):
+    """mmcv's ``DeformConv2dPack`` (``mmcv.ops``; the ``DCN`` of mmdetection configs), computed by
+    detops: a DCNv1 layer that predicts its own offsets.
+
+    Same constructor (``bias`` must be False, as mmcv asserts; ``im2col_step`` is accepted and
+    kept, it only batches mmcv's kernel; mmcv's deprecated ``deformable_groups`` is accepted with
+    a warning), attributes, parameters (``weight``, ``conv_offset.weight``, ``conv_offset.bias``),
+    initialisation (the weight Kaiming-uniform for ReLU, then ``conv_offset`` built and zeroed:
+    mmcv's sequence of random draws), repr and state-dict version (2; version-1 checkpoints are
+    renamed on load, as mmcv does). ``forward(x)``: ``offset = conv_offset(x)``
+    (``deform_groups * 2 * kh * kw`` channels, (y, x) per tap as torchvision's) goes to
+    :func:`detops_torch.deform_conv2d` without a mask. Like mmcv, the input and weight are cast
+    to the offset's dtype. The keyword-only ``mode`` is the backward mode.
+    """
+
+    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "DeformConv2d")
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: bool = False, im2col_step: int = 32, *, mode: str = "exact"):
+        if bias:
+            raise ValueError(f"{type(self).__name__}: bias={bias!r} is not supported (mmcv's DCNv1 has no bias; "
+                             "ModulatedDeformConv2dPack has one)")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
+                         mode)
+        self.im2col_step = im2col_step
+        self.reset_parameters()
+        self.conv_offset = self._offset_conv(2)
+        self.init_offset()
+
+    def reset_parameters(self) -> None:
+        """mmcv's: the weight Kaiming-uniform for ReLU (bound sqrt(6 / fan_in))."""
+        nn.init.kaiming_uniform_(self.weight, nonlinearity="relu")
+
+    def init_offset(self) -> None:
+        """mmcv's: a zero ``conv_offset`` (the layer starts as a plain convolution)."""
+        with torch.no_grad():
+            self.conv_offset.weight.zero_()
+            self.conv_offset.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""
+        return self._deform(x, self.conv_offset(x), None, None)
+
+    def __repr__(self) -> str:
+        # mmcv's DeformConv2d repr, one option a line.
+        return (f"{self.__class__.__name__}(in_channels={self.in_channels},\nout_channels={self.out_channels},\n"
+                f"kernel_size={self.kernel_size},\nstride={self.stride},\npadding={self.padding},\n"
+                f"dilation={self.dilation},\ngroups={self.groups},\ndeform_groups={self.deform_groups},\n"
+                "bias=False)")
+
+
+class ModulatedDeformConv2dPack(_DeformConvPack):
+    """mmcv's ``ModulatedDeformConv2dPack`` (``mmcv.ops``; the ``DCNv2`` of mmdetection configs),
+    computed by detops: a DCNv2 layer that predicts its own offsets and mask.
+
+    Same constructor (mmcv's deprecated ``deformable_groups`` is accepted with a warning),
+    attributes, parameters (``weight``, ``bias``, ``conv_offset.weight``, ``conv_offset.bias``),
+    initialisation (:meth:`init_weights`, with mmcv's sequence of random draws) and state-dict
+    version (2; version-1 checkpoints that name the offset conv ``<name>_offset`` are renamed on
+    load, as mmcv does). ``forward(x)``: ``conv_offset(x)`` (``deform_groups * 3 * kh * kw``
+    channels) is split into thirds ``o1, o2, m``; ``offset = cat(o1, o2)``, ``mask = sigmoid(m)``.
+
+    Offset channels: mmcv's kernels read offset channel ``2 * t`` as the y and ``2 * t + 1`` as the
+    x offset of kernel tap ``t`` (per deformable group), exactly as torchvision's and detops' do, so
+    the concatenated ``offset`` goes to detops unchanged and an mmcv checkpoint gives mmcv's output
+    (the y offsets are thus the even channels of the two first thirds, not the first third).
+    Like mmcv, the input, weight, bias and mask are cast to the offset's dtype (under autocast the
+    offset conv's output is 16-bit). The keyword-only ``mode`` is the backward mode.
+    """
+
+    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
+                         mode)
         if bias:  # mmcv: any truthy value, its documented "auto" included
             self.bias = nn.Parameter(torch.empty(out_channels))
         else:
@@ -751,9 +851,7 @@ class ModulatedDeformConv2dPack(nn.Module):
         # mmcv draws the weight, builds conv_offset (nn.Conv2d's own initial draws) and draws the
         # weight again: the same sequence here, so one seed gives mmcv's tensors.
         self._init_weight_and_bias()
-        self.conv_offset = nn.Conv2d(in_channels, deform_groups * 3 * self.kernel_size[0] * self.kernel_size[1],
-                                     kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
-                                     dilation=self.dilation, bias=True)
+        self.conv_offset = self._offset_conv(3)
         self.init_weights()
 
     def _init_weight_and_bias(self) -> None:
@@ -778,26 +876,4 @@ class ModulatedDeformConv2dPack(nn.Module):
         out = self.conv_offset(x)
         o1, o2, m = torch.chunk(out, 3, dim=1)
         offset = torch.cat((o1, o2), dim=1)
-        mask = torch.sigmoid(m)
-        x = x.type_as(offset)
-        weight = self.weight.type_as(x)
-        bias = self.bias
-        if bias is not None:
-            bias = bias.type_as(x)
-        mask = mask.type_as(x)
-        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.mode)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        # Version-1 checkpoints (mmdetection's first DCNv2 models) name the offset conv
-        # "<this module's name>_offset" next to the module, e.g. "layer1.0.conv2_offset.weight"
-        # for the module "layer1.0.conv2"; mmcv renames them, and so does this.
-        version = local_metadata.get("version", None)
-        if version is None or version < 2:
-            for param in ("weight", "bias"):
-                new_key = f"{prefix}conv_offset.{param}"
-                old_key = f"{prefix[:-1]}_offset.{param}"
-                if new_key not in state_dict and old_key in state_dict:
-                    state_dict[new_key] = state_dict.pop(old_key)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        return self._deform(x, offset, self.bias, torch.sigmoid(m))

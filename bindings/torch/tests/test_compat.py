@@ -64,7 +64,8 @@ class FixtureAnchorTest(SignatureMixin, unittest.TestCase):
     def test_fixture_is_read(self):
         self.assertEqual(sorted(_load_fixtures()),
                          ["detectron2.FrozenBatchNorm2d", "detectron2.ROIAlign", "detectron2.ROIAlignRotated",
-                          "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign", "mmcv.RoIAlignRotated"])
+                          "mmcv.DeformConv2dPack", "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign",
+                          "mmcv.RoIAlignRotated"])
 
     def test_constructor_signatures(self):
         for name, spec in _load_fixtures().items():
@@ -276,7 +277,7 @@ class RegisterMmcvTest(unittest.TestCase):
         self.assertIs(ops.DetopsRoIAlignRotated, detops_torch.nn.RoIAlignRotated)
         expected = {"DetopsSyncBN": detops_torch.SyncBatchNorm, "DetopsRoIAlign": compat.RoIAlign,
                     "DetopsRoIAlignRotated": detops_torch.nn.RoIAlignRotated,
-                    "DetopsDCNv2": detops_torch.ModulatedDeformConv2dPack,
+                    "DetopsDCN": detops_torch.DeformConv2dPack, "DetopsDCNv2": detops_torch.ModulatedDeformConv2dPack,
                     "DetopsMultiScaleDeformableAttention": detops_torch.MultiScaleDeformableAttention}
         self.assertEqual(registered, {k: (v, True) for k, v in expected.items()})
         self.assertEqual(result, dict({"mmcv.ops.DetopsRoIAlign": compat.RoIAlign,
@@ -312,8 +313,10 @@ class RegisterMmcvTest(unittest.TestCase):
         with mock.patch.dict(sys.modules, fake):
             result = compat.register_mmcv(force=False)
         self.assertEqual(registered, {("norm", "DetopsSyncBN"): (detops_torch.SyncBatchNorm, False),
+                                      ("conv", "DetopsDCN"): (detops_torch.DeformConv2dPack, False),
                                       ("conv", "DetopsDCNv2"): (detops_torch.ModulatedDeformConv2dPack, False)})
-        self.assertEqual(sorted(result), ["mmcv.CONV_LAYERS.DetopsDCNv2", "mmcv.NORM_LAYERS.DetopsSyncBN",
+        self.assertEqual(sorted(result), ["mmcv.CONV_LAYERS.DetopsDCN", "mmcv.CONV_LAYERS.DetopsDCNv2",
+                                          "mmcv.NORM_LAYERS.DetopsSyncBN",
                                           "mmcv.ops.DetopsRoIAlign", "mmcv.ops.DetopsRoIAlignRotated"])
 
 

@@ -302,6 +302,7 @@ D2ROIAlignRotated = _fake_class("detectron2.layers.roi_align_rotated", "ROIAlign
 MmcvRoIAlignRotated = _fake_class("mmcv.ops.roi_align_rotated", "RoIAlignRotated", base=detops_torch.RoIAlignRotated)
 MmcvDCNv2 = _fake_class("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack",
                         base=detops_torch.ModulatedDeformConv2dPack)
+MmcvDCN = _fake_class("mmcv.ops.deform_conv", "DeformConv2dPack", base=detops_torch.DeformConv2dPack)
 MmcvMSDA = _fake_class("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention",
                        base=detops_torch.MultiScaleDeformableAttention)
 DetrMSDeformAttn = _fake_class("models.ops.modules.ms_deform_attn", "MSDeformAttn", base=detops_torch.MSDeformAttn)
@@ -342,10 +343,11 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         model = nn.Module()
         model.dcn = MmcvDCNv2(4, 6, 3, stride=2, padding=2, dilation=2, groups=2, deform_groups=2)
         model.dcn_nobias = MmcvDCNv2(4, 4, (3, 1), padding=(1, 0), bias=False)
+        model.dcn_v1 = MmcvDCN(4, 6, 3, stride=2, padding=1, dilation=2, groups=2, deform_groups=2, im2col_step=8)
         self._randomize(model, gen)
         model.double()
         x = torch.rand(2, 4, 9, 11, generator=gen, dtype=torch.float64)
-        ref = [model.dcn(x), model.dcn_nobias(x)]
+        ref = [model.dcn(x), model.dcn_nobias(x), model.dcn_v1(x)]
         params = {k: v for k, v in model.named_parameters()}
         rng = torch.get_rng_state()
         detops_torch.convert(model, backward_mode="atomic")
@@ -359,6 +361,11 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         self.assertEqual(set(params), {k for k, _ in model.named_parameters()})
         assert_bitwise_equal(self, model.dcn(x), ref[0], "ModulatedDeformConv2dPack")
         assert_bitwise_equal(self, model.dcn_nobias(x), ref[1], "ModulatedDeformConv2dPack without bias")
+        v1 = model.dcn_v1
+        self.assertIs(type(v1), detops_torch.DeformConv2dPack)
+        self.assertEqual((v1.deform_groups, v1.groups, v1.stride, v1.dilation, v1.im2col_step, v1.mode),
+                         (2, 2, (2, 2), (2, 2), 8, "atomic"))
+        assert_bitwise_equal(self, v1(x), ref[2], "DeformConv2dPack")
 
     @unittest.skipUnless(torchvision is not None, "torchvision is not installed")
     def test_torchvision_deform_conv2d(self):

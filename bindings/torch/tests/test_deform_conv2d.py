@@ -1,4 +1,4 @@
-# Tests of detops_torch.deform_conv2d, DeformConv2d and ModulatedDeformConv2dPack: torchvision parity, gradcheck, reproducibility, 16-bit, module drop-in behaviour (torchvision's, mmcv's), meta, TorchScript, bad input.
+# Tests of detops_torch.deform_conv2d, DeformConv2d, DeformConv2dPack and ModulatedDeformConv2dPack: torchvision parity, gradcheck, reproducibility, 16-bit, module drop-in behaviour (torchvision's, mmcv's), meta, TorchScript, bad input.
 import collections
 import itertools
 import math
@@ -329,16 +329,67 @@ def _mmcv_pack_reference(pack, x):
                            pack.padding, pack.dilation, pack.groups, pack.deform_groups)
 
 
+def _randomised_pack(cls, *args, seed=70, **kwargs):
+    """A Pack with every parameter random (offsets of a few pixels), in float64."""
+    torch.manual_seed(seed)
+    pack = cls(*args, **kwargs).double()
+    with torch.no_grad():
+        for p in pack.parameters():
+            p.normal_()
+        pack.conv_offset.weight.mul_(0.3)
+    return pack
+
+
+def _check_deprecated_keyword_and_script(test, cls):
+    """mmcv's deprecated ``deformable_groups`` is accepted with one DeprecationWarning; the Pack
+    scripts and the scripted one gives the same bits."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pack = cls(4, 6, 3, padding=1, deformable_groups=2)
+    test.assertEqual(pack.deform_groups, 2)
+    test.assertEqual(len([w for w in caught if issubclass(w.category, DeprecationWarning)]), 1)
+    pack = _randomised_pack(cls, 4, 6, 3, padding=1, mode="atomic").float()
+    x = torch.randn(2, 4, 8, 9)
+    assert_bitwise_equal(test, torch.jit.script(pack)(x), pack(x), "scripted")
+
+
+def _check_checkpoints(test, cls):
+    """A random Pack's state dict (version 2) loads into a new one and gives the same output. A
+    version-1 checkpoint (mmdetection's first DCN models) names the offset conv "<module>_offset"
+    next to the module; it is renamed on load when the loader hands every module the whole state
+    dict, as mmengine's load_checkpoint does (torch >= 1.13's own load_state_dict gives a child
+    only the keys under its prefix: mmcv's renaming cannot see these keys there either)."""
+    def make():
+        return cls(4, 6, 3, padding=1, deform_groups=2).double()
+
+    source = _randomised_pack(cls, 4, 6, 3, padding=1, deform_groups=2)
+    state = source.state_dict()
+    test.assertEqual(state._metadata[""]["version"], 2)
+    target = make()
+    target.load_state_dict(state)
+    x = torch.randn(2, source.in_channels, 8, 9, dtype=torch.float64)
+    assert_bitwise_equal(test, target(x), source(x), "loaded")
+    for version in (1, None):
+        parent = torch.nn.Module()
+        parent.conv2 = make()
+        old = collections.OrderedDict()
+        for key, value in state.items():
+            name = "conv2_offset." + key[12:] if key.startswith("conv_offset.") else "conv2." + key
+            old[name] = value
+        metadata = {"conv2": {"version": version}} if version else {}
+        missing, unexpected, errors = [], [], []
+        for prefix, module in parent.named_modules(prefix=""):
+            prefix = prefix + "." if prefix else ""
+            module._load_from_state_dict(old, prefix, metadata.get(prefix[:-1], {}), True, missing, unexpected,
+                                         errors)
+        test.assertEqual((missing, errors), ([], []), f"version {version}")
+        test.assertNotIn("conv2_offset.weight", old)
+        assert_bitwise_equal(test, parent.conv2(x), source(x), f"version-{version} checkpoint")
+
+
 class ModulatedDeformConv2dPackTest(unittest.TestCase):
-    def _randomised(self, *args, seed=70, **kwargs):
-        """A Pack with every parameter random (offsets of a few pixels), in float64."""
-        torch.manual_seed(seed)
-        pack = detops_torch.ModulatedDeformConv2dPack(*args, **kwargs).double()
-        with torch.no_grad():
-            for p in pack.parameters():
-                p.normal_()
-            pack.conv_offset.weight.mul_(0.3)
-        return pack
+    def _randomised(self, *args, **kwargs):
+        return _randomised_pack(detops_torch.ModulatedDeformConv2dPack, *args, **kwargs)
 
     def test_structure_and_zero_initialised_offsets(self):
         pack = detops_torch.ModulatedDeformConv2dPack(4, 8, 3, stride=2, padding=1, deform_groups=2)
@@ -408,44 +459,10 @@ class ModulatedDeformConv2dPackTest(unittest.TestCase):
         self.assertGreater(max_rel_error(pack(x), wrong), 1e-3)
 
     def test_checkpoint_loads_and_gives_the_same_output(self):
-        source = self._randomised(4, 6, 3, padding=1, deform_groups=2)
-        state = source.state_dict()
-        self.assertEqual(state._metadata[""]["version"], 2)
-        target = detops_torch.ModulatedDeformConv2dPack(4, 6, 3, padding=1, deform_groups=2).double()
-        target.load_state_dict(state)
-        x = torch.randn(2, 4, 8, 9, dtype=torch.float64)
-        assert_bitwise_equal(self, target(x), source(x), "loaded")
-        # A version-1 checkpoint (mmdetection's first DCNv2 models) names the offset conv
-        # "<module>_offset" next to the module; it is renamed on load when the loader hands every
-        # module the whole state dict, as mmengine's load_checkpoint does (torch >= 1.13's own
-        # load_state_dict gives a child only the keys under its prefix: mmcv's renaming cannot
-        # see these keys there either).
-        for version in (1, None):
-            parent = torch.nn.Module()
-            parent.conv2 = detops_torch.ModulatedDeformConv2dPack(4, 6, 3, padding=1, deform_groups=2).double()
-            old = collections.OrderedDict()
-            for key, value in state.items():
-                name = "conv2_offset." + key[12:] if key.startswith("conv_offset.") else "conv2." + key
-                old[name] = value
-            metadata = {"conv2": {"version": version}} if version else {}
-            missing, unexpected, errors = [], [], []
-            for prefix, module in parent.named_modules(prefix=""):
-                prefix = prefix + "." if prefix else ""
-                module._load_from_state_dict(old, prefix, metadata.get(prefix[:-1], {}), True, missing, unexpected,
-                                             errors)
-            self.assertEqual((missing, errors), ([], []), f"version {version}")
-            self.assertNotIn("conv2_offset.weight", old)
-            assert_bitwise_equal(self, parent.conv2(x), source(x), f"version-{version} checkpoint")
+        _check_checkpoints(self, detops_torch.ModulatedDeformConv2dPack)
 
     def test_deprecated_keyword_torchscript_and_errors(self):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pack = detops_torch.ModulatedDeformConv2dPack(4, 6, 3, padding=1, deformable_groups=2)
-        self.assertEqual(pack.deform_groups, 2)
-        self.assertEqual(len([w for w in caught if issubclass(w.category, DeprecationWarning)]), 1)
-        pack = self._randomised(4, 6, 3, padding=1, mode="atomic").float()
-        x = torch.randn(2, 4, 8, 9)
-        assert_bitwise_equal(self, torch.jit.script(pack)(x), pack(x), "scripted")
+        _check_deprecated_keyword_and_script(self, detops_torch.ModulatedDeformConv2dPack)
         with self.assertRaisesRegex(ValueError, "deform_groups 3"):
             detops_torch.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=3)
         with self.assertRaisesRegex(ValueError, "mode"):
@@ -460,6 +477,91 @@ class ModulatedDeformConv2dPackTest(unittest.TestCase):
             self.assertGreater(float(p.grad.abs().sum()), 0, name)
         self.assertGreater(float(x.grad.abs().sum()), 0)
         # mmcv casts the input, weight, bias and mask to the offset's dtype (16-bit under autocast).
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = pack(x)
+        self.assertEqual(out.dtype, torch.bfloat16)
+        self.assertLessEqual(max_rel_error(out, pack(x)), 5e-2)
+
+
+class DeformConv2dPackTest(unittest.TestCase):
+    """mmcv's DCNv1 Pack (mmdetection's ``DCN``): offsets from its own conv, no mask, no bias."""
+
+    def test_structure_and_zero_initialised_offsets(self):
+        pack = detops_torch.DeformConv2dPack(4, 8, 3, stride=2, padding=1, deform_groups=2)
+        self.assertEqual([k for k, _ in pack.named_parameters()], ["weight", "conv_offset.weight", "conv_offset.bias"])
+        self.assertEqual(tuple(pack.conv_offset.weight.shape), (2 * 2 * 9, 4, 3, 3))
+        self.assertEqual((pack.conv_offset.stride, pack.conv_offset.padding), ((2, 2), (1, 1)))
+        for p in (pack.conv_offset.weight, pack.conv_offset.bias):
+            self.assertEqual(int((p != 0).sum()), 0)
+        self.assertEqual((pack.transposed, pack.output_padding, pack._version, pack.im2col_step), (False, (0,), 2, 32))
+        self.assertEqual(tuple(pack(torch.randn(2, 4, 11, 12)).shape), (2, 8, 6, 6))
+
+    def test_initialisation_follows_mmcv_draws(self):
+        # mmcv: the weight Kaiming-uniform for ReLU, then conv_offset built (nn.Conv2d's own draws)
+        # and zeroed; so the next draw after the layer is the same too.
+        torch.manual_seed(3)
+        pack = detops_torch.DeformConv2dPack(4, 8, 3, padding=1, groups=2)
+        after = torch.rand(4)
+        torch.manual_seed(3)
+        expected = torch.nn.init.kaiming_uniform_(torch.empty(8, 2, 3, 3), nonlinearity="relu")
+        torch.nn.Conv2d(4, 18, 3, padding=1)
+        assert_bitwise_equal(self, pack.weight.detach(), expected, "weight")
+        assert_bitwise_equal(self, after, torch.rand(4), "the draw after the layer")
+        self.assertLessEqual(float(pack.weight.abs().max()), math.sqrt(6 / (2 * 9)))
+
+    def test_initial_output_is_a_plain_convolution(self):
+        pack = _randomised_pack(detops_torch.DeformConv2dPack, 4, 6, 3, padding=1, groups=2, deform_groups=2)
+        pack.init_offset()
+        x = torch.randn(2, 4, 9, 10, dtype=torch.float64)
+        self.assertLessEqual(max_rel_error(pack(x), TF.conv2d(x, pack.weight, None, 1, 1, 1, 2)), 1e-14)
+
+    def test_matches_mmcv_reference_and_torchvision(self):
+        for args, kwargs in (((4, 6, 3), {"padding": 1}), ((4, 4, 3), {"stride": 2, "padding": 2, "dilation": 2,
+                                                                         "groups": 2, "deform_groups": 2}),
+                             ((4, 6, (3, 2)), {"padding": (1, 0), "deform_groups": 4})):
+            pack = _randomised_pack(detops_torch.DeformConv2dPack, *args, **kwargs)
+            x = torch.randn(2, args[0], 8, 9, dtype=torch.float64)
+            out = pack(x)
+            offset = pack.conv_offset(x)
+            ones = torch.ones(offset.shape[0], offset.shape[1] // 2, *offset.shape[2:], dtype=torch.float64)
+            ref = _mmcv_reference(x, offset, ones, pack.weight, None, pack.stride, pack.padding, pack.dilation,
+                                  pack.groups, pack.deform_groups)
+            self.assertLessEqual(max_rel_error(out, ref), 1e-13, f"{args} {kwargs}")
+            if torchvision is not None:
+                ref = tv_deform_conv2d(x, offset, pack.weight, None, pack.stride, pack.padding, pack.dilation)
+                self.assertLessEqual(max_rel_error(out, ref), 1e-14, f"{args} {kwargs}")
+
+    def test_checkpoint_loads_and_gives_the_same_output(self):
+        _check_checkpoints(self, detops_torch.DeformConv2dPack)
+
+    def test_deprecated_keyword_torchscript_and_errors(self):
+        _check_deprecated_keyword_and_script(self, detops_torch.DeformConv2dPack)
+        with self.assertRaisesRegex(ValueError, r"DeformConv2dPack: bias=True is not supported"):
+            detops_torch.DeformConv2dPack(4, 6, 3, bias=True)
+        with self.assertRaisesRegex(ValueError, "deform_groups 3"):
+            detops_torch.DeformConv2dPack(4, 6, 3, deform_groups=3)
+        with self.assertRaisesRegex(ValueError, "out_channels 6 is not divisible by groups 4"):
+            detops_torch.DeformConv2dPack(4, 6, 3, groups=4)
+        with self.assertRaisesRegex(ValueError, "mode"):
+            detops_torch.DeformConv2dPack(4, 6, 3, mode="fast")
+
+    def test_gradients_reproducibility_and_autocast(self):
+        pack = _randomised_pack(detops_torch.DeformConv2dPack, 4, 6, 3, padding=1).float()
+        x = torch.randn(2, 4, 8, 9)
+
+        def grads():
+            pack.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            pack(xi).square().sum().backward()
+            return [xi.grad] + [p.grad for _, p in pack.named_parameters()]
+
+        first = grads()
+        for name, g in zip(["input"] + [k for k, _ in pack.named_parameters()], first):
+            self.assertIsNotNone(g, name)
+            self.assertGreater(float(g.abs().sum()), 0, name)
+        for a, b in zip(first, grads()):
+            assert_bitwise_equal(self, a, b, "exact mode, second run")
+        # mmcv casts the input and weight to the offset's dtype (16-bit under autocast).
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             out = pack(x)
         self.assertEqual(out.dtype, torch.bfloat16)
@@ -630,13 +732,14 @@ class CudaTest(unittest.TestCase):
             torch.use_deterministic_algorithms(old)
 
     def test_modules_on_cuda(self):
-        pack = detops_torch.ModulatedDeformConv2dPack(8, 8, 3, padding=1).cuda()
-        x = torch.randn(2, 8, 16, 16, device="cuda")
-        with torch.autocast("cuda", dtype=torch.float16):
-            out = pack(x)
-        self.assertEqual(out.dtype, torch.float16)
-        out.float().sum().backward()
-        self.assertIsNotNone(pack.conv_offset.weight.grad)
+        for cls in (detops_torch.ModulatedDeformConv2dPack, detops_torch.DeformConv2dPack):
+            pack = cls(8, 8, 3, padding=1).cuda()
+            x = torch.randn(2, 8, 16, 16, device="cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                out = pack(x)
+            self.assertEqual(out.dtype, torch.float16, cls.__name__)
+            out.float().sum().backward()
+            self.assertIsNotNone(pack.conv_offset.weight.grad, cls.__name__)
 
 
 if __name__ == "__main__":
