@@ -7,7 +7,11 @@
   ``1 - eps``; ``convert_frozen_batchnorm`` classmethod);
 * mmcv ``mmcv.ops.RoIAlign(output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode='avg',
   aligned=True, use_torchvision=False)`` (avg and max pooling; ``use_torchvision`` is accepted and
-  ignored: detops computes either way).
+  ignored: detops computes either way);
+* mmcv ``mmcv.ops.DeformConv2d`` (DCNv1, ``forward(x, offset)``; RepPoints', VFNet's and Guided
+  Anchoring's heads) and ``mmcv.ops.ModulatedDeformConv2d`` (DCNv2, ``forward(x, offset, mask)``;
+  DyHead's): the layers without an offset conv of their own (their Packs, which have one, are
+  :class:`detops_torch.DeformConv2dPack` and :class:`detops_torch.ModulatedDeformConv2dPack`).
 
 Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them (and the
 rotated, deformable-convolution and deformable-attention modules of :mod:`detops_torch.nn`)
@@ -105,6 +109,45 @@ class RoIAlign(nn.Module):
             f"sampling_ratio={self.sampling_ratio}, pool_mode={self.pool_mode}, aligned={self.aligned}, "
             f"use_torchvision={self.use_torchvision})"
         )
+
+
+class DeformConv2d(_dnn._MmcvDeformConv2d):
+    """mmcv's ``DeformConv2d`` (DCNv1; not torchvision's, which is :class:`detops_torch.DeformConv2d`).
+
+    mmcv's constructor ``(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+    groups=1, deform_groups=1, bias=False, im2col_step=32)`` (``bias`` must be False; the
+    deprecated ``deformable_groups`` is accepted with a warning), its Kaiming-uniform (ReLU)
+    initialisation, state dict (``weight`` only) and repr; the keyword-only ``mode`` is the
+    backward mode. ``forward(x, offset)``: offset ``[N, 2 * deform_groups * kh * kw, Ho, Wo]``,
+    (y, x) per tap. Like mmcv, an input smaller than the kernel is padded with zeros at the bottom
+    and right (the offset too) and the output cropped back, and the input and weight are cast to
+    the offset's dtype."""
+
+    def forward(self, x: Tensor, offset: Tensor) -> Tensor:
+        pad_h = max(self.kernel_size[0] - x.size(2), 0)
+        pad_w = max(self.kernel_size[1] - x.size(3), 0)
+        if pad_h > 0 or pad_w > 0:
+            x = torch.nn.functional.pad(x, [0, pad_w, 0, pad_h], "constant", 0.0)
+            offset = torch.nn.functional.pad(offset, [0, pad_w, 0, pad_h], "constant", 0.0)
+        out = self._deform(x, offset, None, None)
+        if pad_h > 0 or pad_w > 0:
+            out = out[:, :, :out.size(2) - pad_h, :out.size(3) - pad_w].contiguous()
+        return out
+
+
+class ModulatedDeformConv2d(_dnn._MmcvModulatedDeformConv2d):
+    """mmcv's ``ModulatedDeformConv2d`` (DCNv2 without an offset conv of its own).
+
+    mmcv's constructor ``(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+    groups=1, deform_groups=1, bias=True)`` (the deprecated ``deformable_groups`` is accepted with
+    a warning), its initialisation (uniform in +-1 / sqrt(in_channels * kh * kw), zero bias), state
+    dict and repr (nn.Module's); the keyword-only ``mode`` is the backward mode.
+    ``forward(x, offset, mask)``: offset ``[N, 2 * deform_groups * kh * kw, Ho, Wo]`` ((y, x) per
+    tap), mask ``[N, deform_groups * kh * kw, Ho, Wo]``; the input, weight, bias and mask are cast
+    to the offset's dtype, as mmcv does."""
+
+    def forward(self, x: Tensor, offset: Tensor, mask: Tensor) -> Tensor:
+        return self._deform(x, offset, self.bias, mask)
 
 
 def register_mmcv(force: bool = True) -> Dict[str, object]:

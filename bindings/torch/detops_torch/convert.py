@@ -108,6 +108,20 @@ def _mmcv_deform_conv2d_pack(m: nn.Module, opts) -> nn.Module:
     return _take(new, m, ("weight", "conv_offset"))
 
 
+def _mmcv_deform_conv2d(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: compat.DeformConv2d(
+        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
+        im2col_step=m.im2col_step, mode=_gather_mode(opts)))
+    return _take(new, m, ("weight",))
+
+
+def _mmcv_modulated_deform_conv2d(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: compat.ModulatedDeformConv2d(
+        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
+        bias=m.bias is not None, mode=_gather_mode(opts)))
+    return _take(new, m, ("weight", "bias"))
+
+
 def _mmcv_modulated_deform_conv2d_pack(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.ModulatedDeformConv2dPack(
         m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
@@ -141,7 +155,9 @@ TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Modul
     ("torchvision.ops.deform_conv", "DeformConv2d"): _tv_deform_conv2d,
     ("detectron2.layers.roi_align_rotated", "ROIAlignRotated"): _d2_roi_align_rotated,
     ("mmcv.ops.roi_align_rotated", "RoIAlignRotated"): _mmcv_roi_align_rotated,
+    ("mmcv.ops.deform_conv", "DeformConv2d"): _mmcv_deform_conv2d,
     ("mmcv.ops.deform_conv", "DeformConv2dPack"): _mmcv_deform_conv2d_pack,
+    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2d"): _mmcv_modulated_deform_conv2d,
     ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack"): _mmcv_modulated_deform_conv2d_pack,
     ("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention"): _mmcv_ms_deform_attn,
     # Deformable-DETR (and the DETR family that vendors its ops) imports it from models/ops
@@ -174,8 +190,9 @@ def _convert(m: nn.Module, opts) -> nn.Module:
 def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.Module:
     """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign``,
     ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated`` and
-    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``DeformConv2dPack``,
-    ``ModulatedDeformConv2dPack`` and ``MultiScaleDeformableAttention``, and Deformable-DETR
+    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``DeformConv2d``,
+    ``DeformConv2dPack``, ``ModulatedDeformConv2d``, ``ModulatedDeformConv2dPack`` and
+    ``MultiScaleDeformableAttention``, and Deformable-DETR
     ``MSDeformAttn`` in ``model`` for the detops module with the same configuration, parameters
     and buffers.
 

@@ -701,11 +701,10 @@ class DeformConv2d(nn.Module):
         return s + ")"
 
 
-class _DeformConvPack(nn.Module):
-    """What mmcv's two Packs share: the constructor's checks and attributes, the offset conv's
-    checkpoint versions, and mmcv's dtype rule for the forward."""
-
-    _version = 2
+class _MmcvDeformConv(nn.Module):
+    """What mmcv's four deformable convolutions share (``DeformConv2d`` and
+    ``ModulatedDeformConv2d``, here in :mod:`detops_torch.compat`, and their Packs): the
+    constructor's checks and attributes, the offset conv of the Packs, and mmcv's dtype rule."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]], stride,
                  padding, dilation, groups: int, deform_groups: int, mode: str):
@@ -734,7 +733,7 @@ class _DeformConvPack(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
 
     def _offset_conv(self, channels_per_tap: int) -> nn.Conv2d:
-        """mmcv's ``conv_offset``: ``deform_groups * channels_per_tap * kh * kw`` outputs, the
+        """A Pack's ``conv_offset``: ``deform_groups * channels_per_tap * kh * kw`` outputs, the
         layer's stride, padding and dilation, with bias (nn.Conv2d's own initial draws)."""
         return nn.Conv2d(self.in_channels,
                          self.deform_groups * channels_per_tap * self.kernel_size[0] * self.kernel_size[1],
@@ -752,11 +751,69 @@ class _DeformConvPack(nn.Module):
             mask = mask.type_as(x)
         return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.mode)
 
+
+class _MmcvDeformConv2d(_MmcvDeformConv):
+    """mmcv's ``DeformConv2d`` (DCNv1) without its forward: constructor, initialisation, repr."""
+
+    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "DeformConv2d")
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: bool = False, im2col_step: int = 32, *, mode: str = "exact"):
+        if bias:
+            raise ValueError(f"{type(self).__name__}: bias={bias!r} is not supported (mmcv's DCNv1 has no bias; "
+                             "the modulated one has)")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
+                         mode)
+        self.im2col_step = im2col_step
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """mmcv's: the weight Kaiming-uniform for ReLU (bound sqrt(6 / fan_in))."""
+        nn.init.kaiming_uniform_(self.weight, nonlinearity="relu")
+
+    def __repr__(self) -> str:
+        # mmcv's DeformConv2d repr, one option a line.
+        return (f"{self.__class__.__name__}(in_channels={self.in_channels},\nout_channels={self.out_channels},\n"
+                f"kernel_size={self.kernel_size},\nstride={self.stride},\npadding={self.padding},\n"
+                f"dilation={self.dilation},\ngroups={self.groups},\ndeform_groups={self.deform_groups},\n"
+                "bias=False)")
+
+
+class _MmcvModulatedDeformConv2d(_MmcvDeformConv):
+    """mmcv's ``ModulatedDeformConv2d`` (DCNv2) without its forward: constructor, initialisation."""
+
+    @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
+                 stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
+                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
+                         mode)
+        if bias:  # mmcv: any truthy value, its documented "auto" included
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """mmcv's: the weight uniform in +-1 / sqrt(in_channels * kh * kw) (all input channels,
+        whatever groups is), zero bias."""
+        stdv = 1.0 / math.sqrt(self.in_channels * self.kernel_size[0] * self.kernel_size[1])
+        with torch.no_grad():
+            self.weight.uniform_(-stdv, stdv)
+            if self.bias is not None:
+                self.bias.zero_()
+
+
+class _OffsetConvCheckpoints:
+    """The Packs' checkpoint versions: version-1 checkpoints (mmdetection's first DCN models)
+    name the offset conv "<this module's name>_offset" next to the module, e.g.
+    "layer1.0.conv2_offset.weight" for the module "layer1.0.conv2"; mmcv renames them on load,
+    and so does this."""
+
+    _version = 2
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # Version-1 checkpoints (mmdetection's first DCN models) name the offset conv
-        # "<this module's name>_offset" next to the module, e.g. "layer1.0.conv2_offset.weight"
-        # for the module "layer1.0.conv2"; mmcv renames them, and so does this.
         version = local_metadata.get("version", None)
         if version is None or version < 2:
             for param in ("weight", "bias"):
@@ -764,11 +821,11 @@ class _DeformConvPack(nn.Module):
                 old_key = f"{prefix[:-1]}_offset.{param}"
                 if new_key not in state_dict and old_key in state_dict:
                     state_dict[new_key] = state_dict.pop(old_key)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,  # type: ignore
+                                      unexpected_keys, error_msgs)
 
 
-class DeformConv2dPack(_DeformConvPack):
+class DeformConv2dPack(_OffsetConvCheckpoints, _MmcvDeformConv2d):
     """mmcv's ``DeformConv2dPack`` (``mmcv.ops``; the ``DCN`` of mmdetection configs), computed by
     detops: a DCNv1 layer that predicts its own offsets.
 
@@ -787,19 +844,10 @@ class DeformConv2dPack(_DeformConvPack):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
                  bias: bool = False, im2col_step: int = 32, *, mode: str = "exact"):
-        if bias:
-            raise ValueError(f"{type(self).__name__}: bias={bias!r} is not supported (mmcv's DCNv1 has no bias; "
-                             "ModulatedDeformConv2dPack has one)")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         mode)
-        self.im2col_step = im2col_step
-        self.reset_parameters()
+                         bias, im2col_step, mode=mode)
         self.conv_offset = self._offset_conv(2)
         self.init_offset()
-
-    def reset_parameters(self) -> None:
-        """mmcv's: the weight Kaiming-uniform for ReLU (bound sqrt(6 / fan_in))."""
-        nn.init.kaiming_uniform_(self.weight, nonlinearity="relu")
 
     def init_offset(self) -> None:
         """mmcv's: a zero ``conv_offset`` (the layer starts as a plain convolution)."""
@@ -811,15 +859,8 @@ class DeformConv2dPack(_DeformConvPack):
         """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""
         return self._deform(x, self.conv_offset(x), None, None)
 
-    def __repr__(self) -> str:
-        # mmcv's DeformConv2d repr, one option a line.
-        return (f"{self.__class__.__name__}(in_channels={self.in_channels},\nout_channels={self.out_channels},\n"
-                f"kernel_size={self.kernel_size},\nstride={self.stride},\npadding={self.padding},\n"
-                f"dilation={self.dilation},\ngroups={self.groups},\ndeform_groups={self.deform_groups},\n"
-                "bias=False)")
 
-
-class ModulatedDeformConv2dPack(_DeformConvPack):
+class ModulatedDeformConv2dPack(_OffsetConvCheckpoints, _MmcvModulatedDeformConv2d):
     """mmcv's ``ModulatedDeformConv2dPack`` (``mmcv.ops``; the ``DCNv2`` of mmdetection configs),
     computed by detops: a DCNv2 layer that predicts its own offsets and mask.
 
@@ -842,34 +883,22 @@ class ModulatedDeformConv2dPack(_DeformConvPack):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
                  bias: Union[bool, str] = True, *, mode: str = "exact"):
+        # mmcv draws the weight (ModulatedDeformConv2d's constructor), builds conv_offset
+        # (nn.Conv2d's own initial draws) and draws the weight again: the same sequence here, so
+        # one seed gives mmcv's tensors.
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         mode)
-        if bias:  # mmcv: any truthy value, its documented "auto" included
-            self.bias = nn.Parameter(torch.empty(out_channels))
-        else:
-            self.register_parameter("bias", None)
-        # mmcv draws the weight, builds conv_offset (nn.Conv2d's own initial draws) and draws the
-        # weight again: the same sequence here, so one seed gives mmcv's tensors.
-        self._init_weight_and_bias()
+                         bias, mode=mode)
         self.conv_offset = self._offset_conv(3)
         self.init_weights()
-
-    def _init_weight_and_bias(self) -> None:
-        # Uniform in +-1 / sqrt(in_channels * kh * kw) (all input channels, whatever groups is);
-        # zero bias.
-        stdv = 1.0 / math.sqrt(self.in_channels * self.kernel_size[0] * self.kernel_size[1])
-        with torch.no_grad():
-            self.weight.uniform_(-stdv, stdv)
-            if self.bias is not None:
-                self.bias.zero_()
 
     def init_weights(self) -> None:
         """mmcv's initialisation: the weight uniform in +-1 / sqrt(in_channels * kh * kw), zero
         bias, and a zero conv_offset (offsets 0 and mask sigmoid(0) = 0.5 at first)."""
-        self._init_weight_and_bias()
-        with torch.no_grad():
-            self.conv_offset.weight.zero_()
-            self.conv_offset.bias.zero_()
+        super().init_weights()
+        if hasattr(self, "conv_offset"):  # not yet built when the base constructor calls this
+            with torch.no_grad():
+                self.conv_offset.weight.zero_()
+                self.conv_offset.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
         """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""

@@ -64,8 +64,8 @@ class FixtureAnchorTest(SignatureMixin, unittest.TestCase):
     def test_fixture_is_read(self):
         self.assertEqual(sorted(_load_fixtures()),
                          ["detectron2.FrozenBatchNorm2d", "detectron2.ROIAlign", "detectron2.ROIAlignRotated",
-                          "mmcv.DeformConv2dPack", "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign",
-                          "mmcv.RoIAlignRotated"])
+                          "mmcv.DeformConv2d", "mmcv.DeformConv2dPack", "mmcv.ModulatedDeformConv2d",
+                          "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign", "mmcv.RoIAlignRotated"])
 
     def test_constructor_signatures(self):
         for name, spec in _load_fixtures().items():

@@ -303,6 +303,9 @@ MmcvRoIAlignRotated = _fake_class("mmcv.ops.roi_align_rotated", "RoIAlignRotated
 MmcvDCNv2 = _fake_class("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack",
                         base=detops_torch.ModulatedDeformConv2dPack)
 MmcvDCN = _fake_class("mmcv.ops.deform_conv", "DeformConv2dPack", base=detops_torch.DeformConv2dPack)
+MmcvDeformConv2d = _fake_class("mmcv.ops.deform_conv", "DeformConv2d", base=compat.DeformConv2d)
+MmcvModulatedDeformConv2d = _fake_class("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2d",
+                                        base=compat.ModulatedDeformConv2d)
 MmcvMSDA = _fake_class("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention",
                        base=detops_torch.MultiScaleDeformableAttention)
 DetrMSDeformAttn = _fake_class("models.ops.modules.ms_deform_attn", "MSDeformAttn", base=detops_torch.MSDeformAttn)
@@ -366,6 +369,30 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         self.assertEqual((v1.deform_groups, v1.groups, v1.stride, v1.dilation, v1.im2col_step, v1.mode),
                          (2, 2, (2, 2), (2, 2), 8, "atomic"))
         assert_bitwise_equal(self, v1(x), ref[2], "DeformConv2dPack")
+
+    def test_mmcv_layers_that_take_offsets(self):
+        gen = torch.Generator().manual_seed(8)
+        model = nn.ModuleDict({"v1": MmcvDeformConv2d(4, 6, 3, stride=2, padding=1, groups=2, deform_groups=2,
+                                                      im2col_step=4),
+                               "v2": MmcvModulatedDeformConv2d(4, 6, 3, padding=2, dilation=2, bias=False)})
+        self._randomize(model, gen)
+        model.double()
+        x = torch.rand(2, 4, 9, 11, generator=gen, dtype=torch.float64)
+        off1 = torch.randn(2, 2 * 2 * 9, 5, 6, generator=gen, dtype=torch.float64)
+        off2 = torch.randn(2, 2 * 9, 9, 11, generator=gen, dtype=torch.float64)
+        mask2 = torch.rand(2, 9, 9, 11, generator=gen, dtype=torch.float64)
+        ref = [model["v1"](x, off1), model["v2"](x, off2, mask2)]
+        params = {k: v for k, v in model.named_parameters()}
+        detops_torch.convert(model, backward_mode="atomic")
+        self.assertIs(type(model["v1"]), compat.DeformConv2d)
+        self.assertIs(type(model["v2"]), compat.ModulatedDeformConv2d)
+        self.assertEqual((model["v1"].deform_groups, model["v1"].groups, model["v1"].im2col_step, model["v1"].mode),
+                         (2, 2, 4, "atomic"))
+        self.assertIsNone(model["v2"].bias)
+        for k, v in model.named_parameters():
+            self.assertIs(v, params[k], k)
+        assert_bitwise_equal(self, model["v1"](x, off1), ref[0], "DeformConv2d")
+        assert_bitwise_equal(self, model["v2"](x, off2, mask2), ref[1], "ModulatedDeformConv2d")
 
     @unittest.skipUnless(torchvision is not None, "torchvision is not installed")
     def test_torchvision_deform_conv2d(self):

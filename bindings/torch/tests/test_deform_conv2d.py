@@ -1,4 +1,4 @@
-# Tests of detops_torch.deform_conv2d, DeformConv2d, DeformConv2dPack and ModulatedDeformConv2dPack: torchvision parity, gradcheck, reproducibility, 16-bit, module drop-in behaviour (torchvision's, mmcv's), meta, TorchScript, bad input.
+# Tests of detops_torch.deform_conv2d, DeformConv2d, the mmcv layers (DeformConv2dPack, ModulatedDeformConv2dPack, compat's DeformConv2d and ModulatedDeformConv2d): torchvision parity, gradcheck, reproducibility, 16-bit, module drop-in behaviour (torchvision's, mmcv's), meta, TorchScript, bad input.
 import collections
 import itertools
 import math
@@ -10,6 +10,7 @@ import torch.fx
 import torch.nn.functional as TF
 
 import detops_torch
+from detops_torch import compat
 from detops_torch import functional as F
 from _util import (HAS_CUDA, TORCH_2_1, assert_bitwise_equal, assert_raises_untouched, max_rel_error, num_threads,
                    tensor_hash)
@@ -566,6 +567,81 @@ class DeformConv2dPackTest(unittest.TestCase):
             out = pack(x)
         self.assertEqual(out.dtype, torch.bfloat16)
         self.assertLessEqual(max_rel_error(out, pack(x)), 5e-2)
+
+
+@unittest.skipUnless(torchvision is not None, "torchvision is not installed")
+class MmcvPlainLayersTest(unittest.TestCase):
+    """compat.DeformConv2d and compat.ModulatedDeformConv2d: mmcv's layers that take the offset
+    (and mask) as arguments."""
+
+    def _inputs(self, layer, h, w, seed=11):
+        gen = torch.Generator().manual_seed(seed)
+        kh, kw = layer.kernel_size
+        ho = (h + 2 * layer.padding[0] - layer.dilation[0] * (kh - 1) - 1) // layer.stride[0] + 1
+        wo = (w + 2 * layer.padding[1] - layer.dilation[1] * (kw - 1) - 1) // layer.stride[1] + 1
+        x = torch.randn(2, layer.in_channels, h, w, generator=gen, dtype=torch.float64)
+        taps = layer.deform_groups * kh * kw
+        offset = 1.5 * torch.randn(2, 2 * taps, ho, wo, generator=gen, dtype=torch.float64)
+        mask = torch.rand(2, taps, ho, wo, generator=gen, dtype=torch.float64)
+        return x, offset, mask
+
+    def test_deform_conv2d_matches_torchvision(self):
+        for kwargs in ({"padding": 1}, {"stride": 2, "padding": 2, "dilation": 2, "groups": 2, "deform_groups": 2}):
+            layer = compat.DeformConv2d(4, 6, 3, **kwargs).double()
+            x, offset, _ = self._inputs(layer, 8, 9)
+            ref = tv_deform_conv2d(x, offset, layer.weight, None, layer.stride, layer.padding, layer.dilation)
+            self.assertLessEqual(max_rel_error(layer(x, offset), ref), 1e-14, kwargs)
+
+    def test_deform_conv2d_pads_an_input_smaller_than_the_kernel(self):
+        # mmcv pads such an input (and the offset) with zeros at the bottom and right and crops the
+        # output back: the same values as no padding, since samples outside the map read zeros.
+        layer = compat.DeformConv2d(4, 6, (3, 5), padding=1).double()
+        x, offset, _ = self._inputs(layer, 2, 4)
+        self.assertEqual(tuple(offset.shape[2:]), (2, 2))
+        out = layer(x, offset)
+        self.assertEqual(tuple(out.shape), (2, 6, 2, 2))
+        ref = tv_deform_conv2d(x, offset, layer.weight, None, layer.stride, layer.padding, layer.dilation)
+        self.assertLessEqual(max_rel_error(out, ref), 1e-14)
+        self.assertTrue(out.is_contiguous())
+
+    def test_modulated_deform_conv2d_matches_torchvision(self):
+        for kwargs in ({"padding": 1}, {"padding": 1, "groups": 2, "deform_groups": 2, "bias": False}):
+            layer = compat.ModulatedDeformConv2d(4, 6, 3, **kwargs).double()
+            with torch.no_grad():
+                if layer.bias is not None:
+                    layer.bias.normal_()
+            x, offset, mask = self._inputs(layer, 8, 9)
+            ref = tv_deform_conv2d(x, offset, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
+                                   mask)
+            self.assertLessEqual(max_rel_error(layer(x, offset, mask), ref), 1e-14, kwargs)
+
+    def test_initialisation_follows_mmcv_draws(self):
+        torch.manual_seed(4)
+        v1, v2 = compat.DeformConv2d(4, 8, 3, groups=2), compat.ModulatedDeformConv2d(4, 8, 3, groups=2)
+        torch.manual_seed(4)
+        expected_v1 = torch.nn.init.kaiming_uniform_(torch.empty(8, 2, 3, 3), nonlinearity="relu")
+        stdv = 1 / math.sqrt(4 * 9)
+        expected_v2 = torch.empty(8, 2, 3, 3).uniform_(-stdv, stdv)
+        assert_bitwise_equal(self, v1.weight.detach(), expected_v1, "DeformConv2d weight")
+        assert_bitwise_equal(self, v2.weight.detach(), expected_v2, "ModulatedDeformConv2d weight")
+        self.assertEqual(int((v2.bias != 0).sum()), 0)
+
+    def test_script_gradients_and_errors(self):
+        layer = compat.DeformConv2d(4, 6, 3, padding=1, mode="atomic")
+        x, offset, mask = (t.float() for t in self._inputs(layer, 8, 9))
+        assert_bitwise_equal(self, torch.jit.script(layer)(x, offset), layer(x, offset), "scripted DeformConv2d")
+        mod = compat.ModulatedDeformConv2d(4, 6, 3, padding=1)
+        assert_bitwise_equal(self, torch.jit.script(mod)(x, offset, mask), mod(x, offset, mask),
+                             "scripted ModulatedDeformConv2d")
+        offset.requires_grad_()
+        mask.requires_grad_()
+        mod(x, offset, mask).square().sum().backward()
+        for name, g in (("offset", offset.grad), ("mask", mask.grad), ("weight", mod.weight.grad)):
+            self.assertGreater(float(g.abs().sum()), 0, name)
+        with self.assertRaisesRegex(ValueError, "DeformConv2d: bias=True is not supported"):
+            compat.DeformConv2d(4, 6, 3, bias=True)
+        with self.assertRaisesRegex(ValueError, "in_channels 4 is not divisible by deform_groups 3"):
+            compat.ModulatedDeformConv2d(4, 6, 3, deform_groups=3)
 
 
 class MetaAndScriptTest(unittest.TestCase):
