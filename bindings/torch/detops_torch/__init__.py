@@ -76,8 +76,7 @@ from .functional import (deform_conv2d, grid_sample, ms_deform_attn, point_sampl
                          roi_align_rotated)
 from .nn import (DeformConv2d, DeformConv2dPack, FrozenBatchNorm2d, ModulatedDeformConv2dPack,  # noqa: E402
                  MSDeformAttn, MultiScaleDeformableAttention, MultiScaleRoIAlign, RoIAlign, RoIAlignRotated,
-                 ROIAlignRotated,
-                 convert_frozen_batchnorm)
+                 ROIAlignRotated, convert_frozen_batchnorm)
 from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
 from .convert import convert  # noqa: E402
 

@@ -192,9 +192,8 @@ def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.
     ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated`` and
     ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``DeformConv2d``,
     ``DeformConv2dPack``, ``ModulatedDeformConv2d``, ``ModulatedDeformConv2dPack`` and
-    ``MultiScaleDeformableAttention``, and Deformable-DETR
-    ``MSDeformAttn`` in ``model`` for the detops module with the same configuration, parameters
-    and buffers.
+    ``MultiScaleDeformableAttention``, and Deformable-DETR ``MSDeformAttn`` in ``model`` for the
+    detops module with the same configuration, parameters and buffers.
 
     Args:
         model: any ``nn.Module``.
