@@ -101,32 +101,18 @@ def _mmcv_roi_align_rotated(m: nn.Module, opts) -> nn.Module:
                                 **_roi_kwargs(opts))
 
 
-def _mmcv_deform_conv2d_pack(m: nn.Module, opts) -> nn.Module:
-    new = _built_quietly(lambda: _dnn.DeformConv2dPack(
-        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
-        im2col_step=m.im2col_step, mode=_gather_mode(opts)))
-    return _take(new, m, ("weight", "conv_offset"))
+def _mmcv_deform_conv(cls, taken: Tuple[str, ...]) -> Callable[[nn.Module, Dict[str, object]], nn.Module]:
+    """The builder for one of mmcv's four deformable convolutions: their common constructor
+    arguments, then DCNv2's bias flag (its ``taken`` names the bias) or DCNv1's im2col_step; the
+    Parameters and submodules in ``taken`` are the old module's."""
 
+    def build(m: nn.Module, opts) -> nn.Module:
+        extra = {"bias": m.bias is not None} if "bias" in taken else {"im2col_step": m.im2col_step}
+        new = _built_quietly(lambda: cls(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+                                         m.dilation, m.groups, m.deform_groups, mode=_gather_mode(opts), **extra))
+        return _take(new, m, taken)
 
-def _mmcv_deform_conv2d(m: nn.Module, opts) -> nn.Module:
-    new = _built_quietly(lambda: compat.DeformConv2d(
-        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
-        im2col_step=m.im2col_step, mode=_gather_mode(opts)))
-    return _take(new, m, ("weight",))
-
-
-def _mmcv_modulated_deform_conv2d(m: nn.Module, opts) -> nn.Module:
-    new = _built_quietly(lambda: compat.ModulatedDeformConv2d(
-        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
-        bias=m.bias is not None, mode=_gather_mode(opts)))
-    return _take(new, m, ("weight", "bias"))
-
-
-def _mmcv_modulated_deform_conv2d_pack(m: nn.Module, opts) -> nn.Module:
-    new = _built_quietly(lambda: _dnn.ModulatedDeformConv2dPack(
-        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups, m.deform_groups,
-        bias=m.bias is not None, mode=_gather_mode(opts)))
-    return _take(new, m, ("weight", "bias", "conv_offset"))
+    return build
 
 
 def _mmcv_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
@@ -155,10 +141,13 @@ TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Modul
     ("torchvision.ops.deform_conv", "DeformConv2d"): _tv_deform_conv2d,
     ("detectron2.layers.roi_align_rotated", "ROIAlignRotated"): _d2_roi_align_rotated,
     ("mmcv.ops.roi_align_rotated", "RoIAlignRotated"): _mmcv_roi_align_rotated,
-    ("mmcv.ops.deform_conv", "DeformConv2d"): _mmcv_deform_conv2d,
-    ("mmcv.ops.deform_conv", "DeformConv2dPack"): _mmcv_deform_conv2d_pack,
-    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2d"): _mmcv_modulated_deform_conv2d,
-    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack"): _mmcv_modulated_deform_conv2d_pack,
+    ("mmcv.ops.deform_conv", "DeformConv2d"): _mmcv_deform_conv(compat.DeformConv2d, ("weight",)),
+    ("mmcv.ops.deform_conv", "DeformConv2dPack"): _mmcv_deform_conv(_dnn.DeformConv2dPack,
+                                                                   ("weight", "conv_offset")),
+    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2d"): _mmcv_deform_conv(compat.ModulatedDeformConv2d,
+                                                                                   ("weight", "bias")),
+    ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack"): _mmcv_deform_conv(
+        _dnn.ModulatedDeformConv2dPack, ("weight", "bias", "conv_offset")),
     ("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention"): _mmcv_ms_deform_attn,
     # Deformable-DETR (and the DETR family that vendors its ops) imports it from models/ops
     ("models.ops.modules.ms_deform_attn", "MSDeformAttn"): _detr_ms_deform_attn,
