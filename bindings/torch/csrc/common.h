@@ -1,134 +1,137 @@
-// Shared helpers of the op library's kernels (bindings/torch/csrc): includes, mode-string
-// parsing, argument pre-checks that must run before an output can be shaped, device guards.
+// Shared helpers of the op library's glue (bindings/torch/csrc/<op>.cpp): the tensor backend of
+// the registration layer being built, mode-string parsing, and argument pre-checks that must run
+// before an output can be shaped.
+//
+// Each <op>.cpp is compiled for one of two registration layers:
+//   classic (default): at::Tensor, TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL, C++ autograd;
+//                      source builds against one LibTorch (torch 1.13 up, C++ programs).
+//   stable (DETOPS_TORCH_STABLE=1): torch/csrc/stable only, STABLE_TORCH_LIBRARY_*; autograd and
+//                      fake kernels in Python (detops_torch/ops/); one build serves every torch
+//                      from the floor up (the wheel).
+// The glue between (argument checks, output shapes, views, the calls into detops) is written once
+// against the backend's names: Tensor, Optional<T>, Str, empty_on, view, context, DeviceGuard,
+// guarded, alert_not_deterministic. Meta/fake kernels live in Python for both layers.
 #pragma once
 
-// torch 1.13's <torch/library.h> does not declare c10::Dispatcher, which the autograd kernels'
-// typed calls need.
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/DeviceGuard.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
+#ifndef DETOPS_TORCH_STABLE
+#define DETOPS_TORCH_STABLE 0
+#endif
+#ifndef DETOPS_TORCH_CUDA
+#define DETOPS_TORCH_CUDA 0
+#endif
+
+#if DETOPS_TORCH_STABLE
+#include "backend_stable.h"
+#else
+#include "backend_classic.h"
+#endif
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
-#include <utility>
+#include <string_view>
 #include <vector>
 
 #include "detops/detops.h"
-#include "detops/torch.h"
 
 namespace detops {
 namespace torch_ops {
 
-// Kernel signatures use c10::string_view for `str` arguments and c10::optional for `T?`: the
-// spellings both torch 1.13 and 2.x accept (in 2.x they alias the std types).
-using c10::optional;
-using c10::string_view;
+inline std::string quoted(Str s) { return "'" + std::string(sv(s)) + "'"; }
 
-inline std::string quoted(string_view s) { return "'" + std::string(s.data(), s.size()) + "'"; }
+/// "[2, 3, 4]", as torch prints sizes.
+inline std::string sizes_str(const std::vector<int64_t>& sizes) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+inline std::string sizes_str(const Tensor& t) { return sizes_str(sizes_of(t)); }
+
+/// The optional tensor's value, or an undefined tensor (detops' absent view).
+inline Tensor value_or_undefined(const Optional<Tensor>& t) { return t.has_value() ? *t : undefined(); }
+inline bool has_tensor(const Optional<Tensor>& t) { return t.has_value() && t->defined(); }
+
+/// A tensor like t: its sizes, dtype and (4-d) memory format.
+inline Tensor empty_like_format(const Tensor& t) { return empty_on(t, sizes_of(t), kNone, is_channels_last(t)); }
 
 /// Throws ValueError (a detops::Error kInvalidArgument, through guarded()) for a mode string that
 /// is none of the allowed ones; the message names the op, the argument, the allowed values and
-/// what was given. Called by every forward kernel (CPU, CUDA, Meta), so a bad mode fails at once,
-/// not in the backward.
-[[noreturn]] inline void bad_mode(const char* op, const char* arg, string_view given, const char* allowed) {
+/// what was given. Called by every forward kernel, so a bad mode fails at once, not in the
+/// backward.
+[[noreturn]] inline void bad_mode(const char* op, const char* arg, Str given, const char* allowed) {
   throw Error(ErrorCode::kInvalidArgument,
               std::string(op) + ": " + arg + " is " + quoted(given) + "; expected one of " + allowed);
 }
 
-inline BackwardMode parse_backward_mode(const char* op, string_view s) {
-  if (s == "exact") return BackwardMode::kExact;
-  if (s == "truncated") return BackwardMode::kTruncated;
-  if (s == "atomic") return BackwardMode::kAtomic;
+inline BackwardMode parse_backward_mode(const char* op, Str s) {
+  if (sv(s) == "exact") return BackwardMode::kExact;
+  if (sv(s) == "truncated") return BackwardMode::kTruncated;
+  if (sv(s) == "atomic") return BackwardMode::kAtomic;
   bad_mode(op, "backward_mode", s, "'exact', 'truncated', 'atomic'");
 }
 
 /// The backward modes of grid_sample and ms_deform_attn (they offer no truncated mode).
-inline BackwardMode parse_exact_or_atomic(const char* op, string_view s) {
-  if (s == "exact") return BackwardMode::kExact;
-  if (s == "atomic") return BackwardMode::kAtomic;
-  bad_mode(op, "mode", s, "'exact', 'atomic'");
+inline BackwardMode parse_exact_or_atomic(const char* op, Str s) {
+  if (sv(s) == "exact") return BackwardMode::kExact;
+  if (sv(s) == "atomic") return BackwardMode::kAtomic;
+  bad_mode(op, "backward_mode", s, "'exact', 'atomic'");
 }
 
 /// The unit of RoIAlignRotated's angle column: detectron2's degrees or mmcv's radians.
-inline AngleUnit parse_angle_unit(const char* op, string_view s) {
-  if (s == "degrees") return AngleUnit::kDegrees;
-  if (s == "radians") return AngleUnit::kRadians;
+inline AngleUnit parse_angle_unit(const char* op, Str s) {
+  if (sv(s) == "degrees") return AngleUnit::kDegrees;
+  if (sv(s) == "radians") return AngleUnit::kRadians;
   bad_mode(op, "angle_unit", s, "'degrees', 'radians'");
 }
 
-inline GridSampleInterpolation parse_interpolation(const char* op, string_view s) {
-  if (s == "bilinear") return GridSampleInterpolation::kBilinear;
-  if (s == "nearest") return GridSampleInterpolation::kNearest;
+inline GridSampleInterpolation parse_interpolation(const char* op, Str s) {
+  if (sv(s) == "bilinear") return GridSampleInterpolation::kBilinear;
+  if (sv(s) == "nearest") return GridSampleInterpolation::kNearest;
   bad_mode(op, "interpolation", s, "'bilinear', 'nearest'");
 }
 
-inline GridSamplePadding parse_padding(const char* op, string_view s) {
-  if (s == "zeros") return GridSamplePadding::kZeros;
-  if (s == "border") return GridSamplePadding::kBorder;
-  if (s == "reflection") return GridSamplePadding::kReflection;
+inline GridSamplePadding parse_padding(const char* op, Str s) {
+  if (sv(s) == "zeros") return GridSamplePadding::kZeros;
+  if (sv(s) == "border") return GridSamplePadding::kBorder;
+  if (sv(s) == "reflection") return GridSamplePadding::kReflection;
   bad_mode(op, "padding_mode", s, "'zeros', 'border', 'reflection'");
 }
 
-inline TruncationFormat parse_truncation(const char* op, string_view s) {
-  if (s == "float16") return TruncationFormat::kFloat16;
-  if (s == "bfloat16") return TruncationFormat::kBFloat16;
+inline TruncationFormat parse_truncation(const char* op, Str s) {
+  if (sv(s) == "float16") return TruncationFormat::kFloat16;
+  if (sv(s) == "bfloat16") return TruncationFormat::kBFloat16;
   bad_mode(op, "truncation", s, "'float16', 'bfloat16'");
 }
 
-inline FrozenBnEpilogue parse_epilogue(const char* op, string_view s) {
-  if (s == "none") return FrozenBnEpilogue::kNone;
-  if (s == "relu") return FrozenBnEpilogue::kRelu;
-  if (s == "add_relu") return FrozenBnEpilogue::kAddRelu;
+inline FrozenBnEpilogue parse_epilogue(const char* op, Str s) {
+  if (sv(s) == "none") return FrozenBnEpilogue::kNone;
+  if (sv(s) == "relu") return FrozenBnEpilogue::kRelu;
+  if (sv(s) == "add_relu") return FrozenBnEpilogue::kAddRelu;
   bad_mode(op, "epilogue", s, "'none', 'relu', 'add_relu'");
 }
 
-inline SyncBnMode parse_sync_mode(const char* op, string_view s) {
-  if (s == "default") return SyncBnMode::kDefault;
-  if (s == "exact") return SyncBnMode::kExact;
+inline SyncBnMode parse_sync_mode(const char* op, Str s) {
+  if (sv(s) == "default") return SyncBnMode::kDefault;
+  if (sv(s) == "exact") return SyncBnMode::kExact;
   bad_mode(op, "mode", s, "'default', 'exact'");
 }
 
 /// Outputs are shaped from their inputs before detops sees anything, so a tensor whose rank is
 /// wrong must be refused here (in detops' style) rather than by an index error of torch's.
-inline void require_dim(const char* op, const char* arg, const at::Tensor& t, int64_t dim, const char* shape) {
+inline void require_dim(const char* op, const char* arg, const Tensor& t, int64_t dim, const char* shape) {
   if (!t.defined()) {
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg + " is undefined; expected " + shape);
   }
   if (t.dim() != dim) {
     throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg + " has " + std::to_string(t.dim()) +
-                                                 " dimensions (sizes " + c10::str(t.sizes()) + "); expected " + shape);
+                                                 " dimensions (sizes " + sizes_str(t) + "); expected " + shape);
   }
-}
-
-/// Meta kernels: the dispatcher picks Meta when any argument is a meta tensor, so a mix of meta
-/// and real tensors arrives here and must be refused (shaping an output on the real device would
-/// hide the mistake). Undefined tensors (absent optionals) are skipped.
-inline void require_meta(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
-  for (const auto& arg : args) {
-    const at::Tensor& t = *arg.second;
-    if (t.defined() && !t.is_meta()) {
-      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg.first + " is on device " +
-                                                   t.device().str() + "; expected meta like the other arguments");
-    }
-  }
-}
-
-/// The optional tensor's value, or an undefined tensor (detops' absent view).
-inline at::Tensor value_or_undefined(const optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
-
-/// Memory format of a 4-d tensor's layout as torch reports it (channels_last stays channels_last).
-inline at::MemoryFormat format_of(const at::Tensor& t) {
-  return t.dim() == 4 ? t.suggest_memory_format() : at::MemoryFormat::Contiguous;
 }
 
 // The RoI ops' (roi_align, roi_align_rotated) output sizes [K, C, PH, PW] from the inputs. Ranks
 // are checked here (torch would fail on size(1) first); a negative pooled size is clamped so that
 // the allocation succeeds and detops reports it. rois_shape: "[K, 5]" or "[K, 6]".
-inline std::vector<int64_t> roi_output_sizes(const char* op, const at::Tensor& input, const at::Tensor& rois,
+inline std::vector<int64_t> roi_output_sizes(const char* op, const Tensor& input, const Tensor& rois,
                                              int64_t pooled_height, int64_t pooled_width, const char* rois_shape) {
   require_dim(op, "input", input, 4, "[N, C, H, W]");
   require_dim(op, "rois", rois, 2, rois_shape);
@@ -136,8 +139,8 @@ inline std::vector<int64_t> roi_output_sizes(const char* op, const at::Tensor& i
 }
 
 // Their backward's grad_input [N, C, H, W] (sizes checked, as the forward's input had them).
-inline at::Tensor roi_grad_input_like(const char* op, const at::Tensor& grad, int64_t batch_size, int64_t channels,
-                                      int64_t height, int64_t width, bool channels_last) {
+inline Tensor roi_grad_input_like(const char* op, const Tensor& grad, int64_t batch_size, int64_t channels,
+                                  int64_t height, int64_t width, bool channels_last) {
   require_dim(op, "grad", grad, 4, "[K, C, PH, PW]");
   for (int64_t s : {batch_size, channels, height, width}) {
     if (s < 0) {
@@ -146,10 +149,21 @@ inline at::Tensor roi_grad_input_like(const char* op, const at::Tensor& grad, in
                       ", " + std::to_string(height) + ", " + std::to_string(width) + "] have a negative size");
     }
   }
-  return at::empty({batch_size, channels, height, width},
-                   grad.options().memory_format(channels_last ? at::MemoryFormat::ChannelsLast
-                                                              : at::MemoryFormat::Contiguous));
+  return empty_on(grad, {batch_size, channels, height, width}, kNone, channels_last);
 }
 
 }  // namespace torch_ops
 }  // namespace detops
+
+// One registration block per op file serves both layers: the schema fragment and the CPU/CUDA
+// kernels. Autograd is C++ in the classic layer (TORCH_LIBRARY_IMPL(detops, Autograd, ...)) and
+// Python in the stable one.
+#if DETOPS_TORCH_STABLE
+#define DETOPS_LIBRARY_FRAGMENT(m) STABLE_TORCH_LIBRARY_FRAGMENT(detops, m)
+#define DETOPS_LIBRARY_IMPL(key, m) STABLE_TORCH_LIBRARY_IMPL(detops, key, m)
+#define DETOPS_KERNEL(fn) TORCH_BOX(&fn)
+#else
+#define DETOPS_LIBRARY_FRAGMENT(m) TORCH_LIBRARY_FRAGMENT(detops, m)
+#define DETOPS_LIBRARY_IMPL(key, m) TORCH_LIBRARY_IMPL(detops, key, m)
+#define DETOPS_KERNEL(fn) TORCH_FN(fn)
+#endif

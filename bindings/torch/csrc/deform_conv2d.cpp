@@ -1,18 +1,15 @@
 // deform_conv2d kernels of torch.ops.detops: deform_conv2d and its backward op on the CPU, CUDA
-// (when built with it) and Meta keys, and the C++ autograd functions.
+// (when built with it) and their schemas; the classic layer's C++ autograd functions.
 #include "common.h"
 
 namespace detops {
 namespace torch_ops {
 namespace {
 
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
-
 constexpr const char* kForward = "detops::deform_conv2d";
 constexpr const char* kBackward = "detops::_deform_conv2d_backward";
 
-using Grads5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Grads5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 
 [[noreturn]] void bad(const char* op, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what);
@@ -44,8 +41,8 @@ DeformConv2dOptions make_options(const char* op, int64_t stride_h, int64_t strid
 
 // The mask detops sees: torchvision's schema passes a mask tensor always and says with use_mask
 // whether it counts ([N, 0] when not); here an absent mask is also accepted.
-at::Tensor mask_used(const char* op, const optional<at::Tensor>& mask, bool use_mask) {
-  if (!use_mask) return at::Tensor();
+Tensor mask_used(const char* op, const Optional<Tensor>& mask, bool use_mask) {
+  if (!use_mask) return undefined();
   if (!mask.has_value() || !mask->defined()) bad(op, "use_mask is True but mask is None; expected a mask tensor");
   return *mask;
 }
@@ -54,8 +51,8 @@ at::Tensor mask_used(const char* op, const optional<at::Tensor>& mask, bool use_
 // size(2) first), positive kernel sizes, and the redundant groups and offset_groups of
 // torchvision's schema, which detops infers from the shapes and which must agree with them.
 // Everything else (sizes against one another, dtypes, devices) is detops' to check.
-std::vector<int64_t> output_sizes(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                                  const at::Tensor& offset, const at::Tensor& mask, const DeformConv2dOptions& o,
+std::vector<int64_t> output_sizes(const char* op, const Tensor& input, const Tensor& weight,
+                                  const Tensor& offset, const Tensor& mask, const DeformConv2dOptions& o,
                                   int64_t groups, int64_t offset_groups) {
   require_dim(op, "input", input, 4, "[N, Cin, H, W]");
   require_dim(op, "weight", weight, 4, "[Cout, Cin / groups, kh, kw]");
@@ -63,7 +60,7 @@ std::vector<int64_t> output_sizes(const char* op, const at::Tensor& input, const
   if (mask.defined()) require_dim(op, "mask", mask, 4, "[N, offset_groups * kh * kw, Ho, Wo]");
   const int64_t cin = input.size(1), per_group = weight.size(1), kh = weight.size(2), kw = weight.size(3);
   if (kh <= 0 || kw <= 0) {
-    bad(op, "weight has sizes " + c10::str(weight.sizes()) + "; expected [Cout, Cin / groups, kh, kw] with kh, kw > 0");
+    bad(op, "weight has sizes " + sizes_str(weight) + "; expected [Cout, Cin / groups, kh, kw] with kh, kw > 0");
   }
   // (A weight.sizes[1] that does not divide Cin is detops' to report: no groups fit it.)
   if (per_group > 0 && cin % per_group == 0 && groups * per_group != cin) {
@@ -77,125 +74,86 @@ std::vector<int64_t> output_sizes(const char* op, const at::Tensor& input, const
   const int64_t eff_h = o.dilation_h * (kh - 1) + 1, eff_w = o.dilation_w * (kw - 1) + 1;
   const int64_t span_h = input.size(2) + 2 * o.pad_h, span_w = input.size(3) + 2 * o.pad_w;
   if (span_h < eff_h || span_w < eff_w) {
-    bad(op, "input has sizes " + c10::str(input.sizes()) + "; with padding " + pair_str(o.pad_h, o.pad_w) +
+    bad(op, "input has sizes " + sizes_str(input) + "; with padding " + pair_str(o.pad_h, o.pad_w) +
                 " it is smaller than the dilated kernel " + pair_str(eff_h, eff_w) + ": no output position");
   }
   return {input.size(0), weight.size(0), (span_h - eff_h) / o.stride_h + 1, (span_w - eff_w) / o.stride_w + 1};
 }
 
-// A tensor of t's sizes and options in t's memory format (channels_last stays channels_last:
-// detops reads and writes NHWC natively).
-at::Tensor empty_like_format(const at::Tensor& t) {
-  return at::empty(t.sizes(), t.options().memory_format(format_of(t)));
-}
-
 // The gradients asked for; the others are undefined (None in Python) and detops gets empty views.
-Grads5 gradients_like(const char* op, const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-                      const at::Tensor& offset, const at::Tensor& mask, const DeformConv2dOptions& o, int64_t groups,
+Grads5 gradients_like(const char* op, const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+                      const Tensor& offset, const Tensor& mask, const DeformConv2dOptions& o, int64_t groups,
                       int64_t offset_groups, bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
                       bool bias_grad) {
   require_dim(op, "grad_output", grad_output, 4, "[N, Cout, Ho, Wo]");
   output_sizes(op, input, weight, offset, mask, o, groups, offset_groups);
   if (mask_grad && !mask.defined()) bad(op, "mask_grad is True but there is no mask; expected mask_grad=False");
   return std::make_tuple(
-      input_grad ? empty_like_format(input) : at::Tensor(), weight_grad ? empty_like_format(weight) : at::Tensor(),
-      offset_grad ? empty_like_format(offset) : at::Tensor(), mask_grad ? empty_like_format(mask) : at::Tensor(),
-      bias_grad ? at::empty({weight.size(0)}, weight.options()) : at::Tensor());
+      input_grad ? empty_like_format(input) : undefined(), weight_grad ? empty_like_format(weight) : undefined(),
+      offset_grad ? empty_like_format(offset) : undefined(), mask_grad ? empty_like_format(mask) : undefined(),
+      bias_grad ? empty_on(weight, {weight.size(0)}) : undefined());
 }
 
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
-at::Tensor deform_conv2d_kernel(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                                const optional<at::Tensor>& mask, const optional<at::Tensor>& bias, int64_t stride_h,
+Tensor deform_conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& offset,
+                                const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                                 int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                                int64_t groups, int64_t offset_groups, bool use_mask, string_view mode) {
-  return detops::torch::guarded([&] {
+                                int64_t groups, int64_t offset_groups, bool use_mask, Str mode) {
+  return guarded([&] {
     parse_exact_or_atomic(kForward, mode);
     const DeformConv2dOptions options =
         make_options(kForward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
-    const at::Tensor m = mask_used(kForward, mask, use_mask);
-    c10::DeviceGuard guard(input.device());
-    at::Tensor output = at::empty(output_sizes(kForward, input, weight, offset, m, options, groups, offset_groups),
-                                  input.options().memory_format(format_of(input)));
+    const Tensor m = mask_used(kForward, mask, use_mask);
+    DeviceGuard guard(input);
+    Tensor output = empty_on(input, output_sizes(kForward, input, weight, offset, m, options, groups, offset_groups),
+                              kNone, is_channels_last(input));
     // Workspace (the columns) comes from torch's allocator through the context.
-    deform_conv2d_forward(detops::torch::view(input, "input"), detops::torch::view(weight, "weight"),
-                          detops::torch::view(offset, "offset"), detops::torch::view(m, "mask"),
-                          detops::torch::view(value_or_undefined(bias), "bias"), detops::torch::view(output, "output"),
-                          options, detops::torch::context(input));
+    deform_conv2d_forward(view(input, "input"), view(weight, "weight"),
+                          view(offset, "offset"), view(m, "mask"),
+                          view(value_or_undefined(bias), "bias"), view(output, "output"),
+                          options, context(input));
     return output;
   });
 }
 
-Grads5 deform_conv2d_backward_kernel(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-                                     const at::Tensor& offset, const optional<at::Tensor>& mask, int64_t stride_h,
+Grads5 deform_conv2d_backward_kernel(const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+                                     const Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h,
                                      int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                     int64_t dilation_w, int64_t groups, int64_t offset_groups, string_view mode,
+                                     int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
                                      bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
                                      bool bias_grad) {
-  return detops::torch::guarded([&] {
+  return guarded([&] {
     DeformConv2dBackwardOptions backward;
     backward.mode = parse_exact_or_atomic(kBackward, mode);
     const DeformConv2dOptions options =
         make_options(kBackward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
-    const at::Tensor m = value_or_undefined(mask);
-    c10::DeviceGuard guard(grad_output.device());
-    if (backward.mode == BackwardMode::kAtomic && input_grad && grad_output.is_cuda()) {
+    const Tensor m = value_or_undefined(mask);
+    DeviceGuard guard(grad_output);
+    if (backward.mode == BackwardMode::kAtomic && input_grad && is_cuda(grad_output)) {
       // grad_input's scatter is the one part whose bits change from run to run (the other
       // gradients have one writer each, in a fixed order, in either mode).
-      at::globalContext().alertNotDeterministic("detops::deform_conv2d backward with mode='atomic' on CUDA");
+      alert_not_deterministic("detops::deform_conv2d backward with backward_mode='atomic' on CUDA");
     }
     Grads5 grads = gradients_like(kBackward, grad_output, input, weight, offset, m, options, groups, offset_groups,
                                   input_grad, weight_grad, offset_grad, mask_grad, bias_grad);
     DeformConv2dGrads g;
-    g.grad_input = detops::torch::view(std::get<0>(grads), "grad_input");
-    g.grad_weight = detops::torch::view(std::get<1>(grads), "grad_weight");
-    g.grad_offset = detops::torch::view(std::get<2>(grads), "grad_offset");
-    g.grad_mask = detops::torch::view(std::get<3>(grads), "grad_mask");
-    g.grad_bias = detops::torch::view(std::get<4>(grads), "grad_bias");
+    g.grad_input = view(std::get<0>(grads), "grad_input");
+    g.grad_weight = view(std::get<1>(grads), "grad_weight");
+    g.grad_offset = view(std::get<2>(grads), "grad_offset");
+    g.grad_mask = view(std::get<3>(grads), "grad_mask");
+    g.grad_bias = view(std::get<4>(grads), "grad_bias");
     // Workspace (columns, their gradient, the exact mode's records) from torch's allocator.
-    deform_conv2d_backward(detops::torch::view(grad_output, "grad_output"), detops::torch::view(input, "input"),
-                           detops::torch::view(weight, "weight"), detops::torch::view(offset, "offset"),
-                           detops::torch::view(m, "mask"), g, options, backward, detops::torch::context(grad_output));
+    deform_conv2d_backward(view(grad_output, "grad_output"), view(input, "input"),
+                           view(weight, "weight"), view(offset, "offset"),
+                           view(m, "mask"), g, options, backward, context(grad_output));
     return grads;
   });
 }
 
-// ---- Meta: shapes, dtypes and memory formats only; options validated as in the real kernels ---
-
-at::Tensor deform_conv2d_meta(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                              const optional<at::Tensor>& mask, const optional<at::Tensor>& bias, int64_t stride_h,
-                              int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                              int64_t groups, int64_t offset_groups, bool use_mask, string_view mode) {
-  return detops::torch::guarded([&] {
-    const at::Tensor m = mask_used(kForward, mask, use_mask);
-    const at::Tensor b = value_or_undefined(bias);
-    require_meta(kForward, {{"input", &input}, {"weight", &weight}, {"offset", &offset}, {"mask", &m}, {"bias", &b}});
-    parse_exact_or_atomic(kForward, mode);
-    const DeformConv2dOptions options =
-        make_options(kForward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
-    return at::empty(output_sizes(kForward, input, weight, offset, m, options, groups, offset_groups),
-                     input.options().memory_format(format_of(input)));
-  });
-}
-
-Grads5 deform_conv2d_backward_meta(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-                                   const at::Tensor& offset, const optional<at::Tensor>& mask, int64_t stride_h,
-                                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                   int64_t dilation_w, int64_t groups, int64_t offset_groups, string_view mode,
-                                   bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
-                                   bool bias_grad) {
-  return detops::torch::guarded([&] {
-    const at::Tensor m = value_or_undefined(mask);
-    require_meta(
-        kBackward,
-        {{"grad_output", &grad_output}, {"input", &input}, {"weight", &weight}, {"offset", &offset}, {"mask", &m}});
-    parse_exact_or_atomic(kBackward, mode);
-    const DeformConv2dOptions options =
-        make_options(kBackward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
-    return gradients_like(kBackward, grad_output, input, weight, offset, m, options, groups, offset_groups, input_grad,
-                          weight_grad, offset_grad, mask_grad, bias_grad);
-  });
-}
+#if !DETOPS_TORCH_STABLE
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
 
 // ---- Autograd ----------------------------------------------------------------------------------
 // As grid_sample.cpp: the forward runs the op below the autograd key, the backward calls the
@@ -205,14 +163,14 @@ Grads5 deform_conv2d_backward_meta(const at::Tensor& grad_output, const at::Tens
 // tensor argument's device, so an undefined tensor cannot pass); needs_input_grad then counts only
 // the tensors present.
 
-std::string str(string_view s) { return std::string(s.data(), s.size()); }
+std::string str(Str s) { return std::string(s.data(), s.size()); }
 
-optional<at::Tensor> as_optional(const at::Tensor& t) { return t.defined() ? optional<at::Tensor>(t) : c10::nullopt; }
+Optional<Tensor> as_optional(const at::Tensor& t) { return t.defined() ? Optional<Tensor>(t) : c10::nullopt; }
 
 at::Tensor call_deform_conv2d(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                              const optional<at::Tensor>& mask, const optional<at::Tensor>& bias, int64_t stride_h,
+                              const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                               int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                              int64_t groups, int64_t offset_groups, string_view mode) {
+                              int64_t groups, int64_t offset_groups, Str mode) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::deform_conv2d", "")
                        .typed<decltype(deform_conv2d_kernel)>();
@@ -221,9 +179,9 @@ at::Tensor call_deform_conv2d(const at::Tensor& input, const at::Tensor& weight,
 }
 
 Grads5 call_backward(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-                     const at::Tensor& offset, const optional<at::Tensor>& mask, int64_t stride_h, int64_t stride_w,
+                     const at::Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h, int64_t stride_w,
                      int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                     int64_t offset_groups, string_view mode, bool input_grad, bool weight_grad, bool offset_grad,
+                     int64_t offset_groups, Str mode, bool input_grad, bool weight_grad, bool offset_grad,
                      bool mask_grad, bool bias_grad) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_deform_conv2d_backward", "")
@@ -239,10 +197,10 @@ constexpr const char* kIntOptions[] = {"stride_h",   "stride_w",   "pad_h",  "pa
 class DeformConv2dFunction : public ::torch::autograd::Function<DeformConv2dFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                               const at::Tensor& offset, const optional<at::Tensor>& mask,
-                               const optional<at::Tensor>& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                               const at::Tensor& offset, const Optional<Tensor>& mask,
+                               const Optional<Tensor>& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                                int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                               int64_t offset_groups, string_view mode) {
+                               int64_t offset_groups, Str mode) {
     const int64_t ints[] = {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups};
     for (size_t i = 0; i < 8; ++i) ctx->saved_data[kIntOptions[i]] = ints[i];
     ctx->saved_data["mode"] = str(mode);
@@ -265,7 +223,7 @@ class DeformConv2dFunction : public ::torch::autograd::Function<DeformConv2dFunc
     // needs_input_grad indexes the tensors present: 0 input, 1 weight, 2 offset, then the mask (if
     // any) and the bias (if any).
     const size_t bias_index = has_mask ? 4 : 3;
-    Grads5 g = call_backward(grad_output[0], s[0], s[1], s[2], has_mask ? optional<at::Tensor>(s[3]) : c10::nullopt,
+    Grads5 g = call_backward(grad_output[0], s[0], s[1], s[2], has_mask ? Optional<Tensor>(s[3]) : c10::nullopt,
                              v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], mode, ctx->needs_input_grad(0),
                              ctx->needs_input_grad(1), ctx->needs_input_grad(2), has_mask && ctx->needs_input_grad(3),
                              has_bias && ctx->needs_input_grad(bias_index));
@@ -282,9 +240,9 @@ class DeformConv2dFunction : public ::torch::autograd::Function<DeformConv2dFunc
 class DeformConv2dBackwardFunction : public ::torch::autograd::Function<DeformConv2dBackwardFunction> {
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad_output, const at::Tensor& input,
-                               const at::Tensor& weight, const at::Tensor& offset, const optional<at::Tensor>& mask,
+                               const at::Tensor& weight, const at::Tensor& offset, const Optional<Tensor>& mask,
                                int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                               int64_t dilation_w, int64_t groups, int64_t offset_groups, string_view mode,
+                               int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
                                bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad, bool bias_grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Grads5 g = call_backward(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w, dilation_h,
@@ -303,21 +261,21 @@ class DeformConv2dBackwardFunction : public ::torch::autograd::Function<DeformCo
 };
 
 at::Tensor deform_conv2d_autograd(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-                                  const optional<at::Tensor>& mask, const optional<at::Tensor>& bias, int64_t stride_h,
+                                  const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                   int64_t dilation_w, int64_t groups, int64_t offset_groups, bool use_mask,
-                                  string_view mode) {
+                                  Str mode) {
   // use_mask=True without a mask is a ValueError here already (the kernels below would say the same).
-  const at::Tensor m = detops::torch::guarded([&] { return mask_used(kForward, mask, use_mask); });
+  const at::Tensor m = guarded([&] { return mask_used(kForward, mask, use_mask); });
   const at::Tensor b = value_or_undefined(bias);
   return DeformConv2dFunction::apply(input, weight, offset, as_optional(m), as_optional(b), stride_h, stride_w, pad_h,
                                      pad_w, dilation_h, dilation_w, groups, offset_groups, mode)[0];
 }
 
 Grads5 deform_conv2d_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-                                       const at::Tensor& offset, const optional<at::Tensor>& mask, int64_t stride_h,
+                                       const at::Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h,
                                        int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                       int64_t dilation_w, int64_t groups, int64_t offset_groups, string_view mode,
+                                       int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
                                        bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
                                        bool bias_grad) {
   auto r = DeformConv2dBackwardFunction::apply(
@@ -333,31 +291,45 @@ Grads5 deform_conv2d_backward_autograd(const at::Tensor& grad_output, const at::
   return std::make_tuple(gi, gw, go, gm, gb);
 }
 
+#endif  // !DETOPS_TORCH_STABLE
+
 }  // namespace
 }  // namespace torch_ops
 }  // namespace detops
 
 namespace ops = detops::torch_ops;
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) {
-  m.impl("deform_conv2d", TORCH_FN(ops::deform_conv2d_kernel));
-  m.impl("_deform_conv2d_backward", TORCH_FN(ops::deform_conv2d_backward_kernel));
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // Deformable convolution (v1; v2 with a mask): torchvision::deform_conv2d's schema and order
+  // (groups and offset_groups are redundant with the shapes and must agree with them; mask and
+  // bias may also be None), then the backward mode. The backward op as grid_sample's: the
+  // gradients asked for, None for the others (no bias argument: its gradient sums grad_output).
+  m.def("deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor? mask, Tensor? bias, int stride_h, "
+        "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
+        "bool use_mask, str backward_mode=\"exact\") -> Tensor");
+  m.def("_deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, Tensor offset, Tensor? mask, "
+        "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, "
+        "int offset_groups, str backward_mode, bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad, "
+        "bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_offset, Tensor grad_mask, "
+        "Tensor grad_bias)");
+}
+
+DETOPS_LIBRARY_IMPL(CPU, m) {
+  m.impl("deform_conv2d", DETOPS_KERNEL(ops::deform_conv2d_kernel));
+  m.impl("_deform_conv2d_backward", DETOPS_KERNEL(ops::deform_conv2d_backward_kernel));
 }
 
 #if DETOPS_TORCH_CUDA
 // The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-TORCH_LIBRARY_IMPL(detops, CUDA, m) {
-  m.impl("deform_conv2d", TORCH_FN(ops::deform_conv2d_kernel));
-  m.impl("_deform_conv2d_backward", TORCH_FN(ops::deform_conv2d_backward_kernel));
+DETOPS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("deform_conv2d", DETOPS_KERNEL(ops::deform_conv2d_kernel));
+  m.impl("_deform_conv2d_backward", DETOPS_KERNEL(ops::deform_conv2d_backward_kernel));
 }
 #endif
 
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("deform_conv2d", TORCH_FN(ops::deform_conv2d_meta));
-  m.impl("_deform_conv2d_backward", TORCH_FN(ops::deform_conv2d_backward_meta));
-}
-
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   m.impl("deform_conv2d", TORCH_FN(ops::deform_conv2d_autograd));
   m.impl("_deform_conv2d_backward", TORCH_FN(ops::deform_conv2d_backward_autograd));
 }
+#endif

@@ -1,28 +1,25 @@
 // FrozenBatchNorm2d kernels of torch.ops.detops: the fold, the forward with its epilogues and the
-// backward, on the CPU, CUDA (when built with it) and Meta keys, and the C++ autograd function.
+// backward, on the CPU, CUDA (when built with it) and their schemas; the classic layer's C++ autograd function.
 #include "common.h"
 
 namespace detops {
 namespace torch_ops {
 namespace {
 
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
-
 constexpr const char* kFold = "detops::frozen_batch_norm_fold";
 constexpr const char* kForward = "detops::frozen_batch_norm";
 constexpr const char* kBackward = "detops::_frozen_batch_norm_backward";
 
 // detops folds float64 buffers into float64 scale/shift and everything else into float32.
-at::Tensor fold_output_like(const at::Tensor& weight) {
+Tensor fold_output_like(const Tensor& weight) {
   require_dim(kFold, "weight", weight, 1, "[C]");
-  const auto dtype = weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return at::empty({weight.size(0)}, weight.options().dtype(dtype));
+  const DType dtype = view(weight, "weight").dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
+  return empty_on(weight, {weight.size(0)}, dtype);
 }
 
 // A residual is given iff the epilogue is add_relu (detops checks it too, but the output is
 // allocated first: an early, clear error costs nothing).
-void check_residual(FrozenBnEpilogue epilogue, const optional<at::Tensor>& residual) {
+void check_residual(FrozenBnEpilogue epilogue, const Optional<Tensor>& residual) {
   const bool has = residual.has_value() && residual->defined();
   if (epilogue == FrozenBnEpilogue::kAddRelu && !has) {
     throw Error(ErrorCode::kInvalidArgument, std::string(kForward) + ": residual is None; expected a tensor of x's "
@@ -34,97 +31,66 @@ void check_residual(FrozenBnEpilogue epilogue, const optional<at::Tensor>& resid
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> fold_kernel(const at::Tensor& weight, const at::Tensor& bias,
-                                               const at::Tensor& running_mean, const at::Tensor& running_var,
+std::tuple<Tensor, Tensor> fold_kernel(const Tensor& weight, const Tensor& bias,
+                                               const Tensor& running_mean, const Tensor& running_var,
                                                double eps) {
-  return detops::torch::guarded([&] {
-    c10::DeviceGuard guard(weight.device());
-    at::Tensor scale = fold_output_like(weight);
-    at::Tensor shift = at::empty_like(scale);
+  return guarded([&] {
+    DeviceGuard guard(weight);
+    Tensor scale = fold_output_like(weight);
+    Tensor shift = empty_on(scale, sizes_of(scale));
     BatchNormState state;
-    state.weight = detops::torch::view(weight, "weight");
-    state.bias = detops::torch::view(bias, "bias");
-    state.running_mean = detops::torch::view(running_mean, "running_mean");
-    state.running_var = detops::torch::view(running_var, "running_var");
+    state.weight = view(weight, "weight");
+    state.bias = view(bias, "bias");
+    state.running_mean = view(running_mean, "running_mean");
+    state.running_var = view(running_var, "running_var");
     state.eps = eps;
-    frozen_batch_norm_fold(state, detops::torch::view(scale, "scale"), detops::torch::view(shift, "shift"),
-                           detops::torch::context(weight));
+    frozen_batch_norm_fold(state, view(scale, "scale"), view(shift, "shift"),
+                           context(weight));
     return std::make_tuple(scale, shift);
   });
 }
 
-at::Tensor forward_kernel(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-                          string_view epilogue, const optional<at::Tensor>& residual) {
-  return detops::torch::guarded([&] {
+Tensor forward_kernel(const Tensor& x, const Tensor& scale, const Tensor& shift,
+                          Str epilogue, const Optional<Tensor>& residual) {
+  return guarded([&] {
     const FrozenBnEpilogue e = parse_epilogue(kForward, epilogue);
     check_residual(e, residual);
-    c10::DeviceGuard guard(x.device());
+    DeviceGuard guard(x);
     require_dim(kForward, "x", x, 4, "[N, C, H, W]");
-    at::Tensor y = at::empty_like(x);  // x's memory format (channels_last stays channels_last)
-    frozen_batch_norm_forward(detops::torch::view(x, "x"), detops::torch::view(scale, "scale"),
-                              detops::torch::view(shift, "shift"), detops::torch::view(y, "y"), e,
-                              detops::torch::view(value_or_undefined(residual), "residual"),
-                              detops::torch::context(x));
+    Tensor y = empty_like_format(x);  // x's memory format (channels_last stays channels_last)
+    frozen_batch_norm_forward(view(x, "x"), view(scale, "scale"),
+                              view(shift, "shift"), view(y, "y"), e,
+                              view(value_or_undefined(residual), "residual"),
+                              context(x));
     return y;
   });
 }
 
 // grad_residual is undefined (None in Python) unless the epilogue is add_relu.
-std::tuple<at::Tensor, at::Tensor> backward_kernel(const at::Tensor& grad_y, const at::Tensor& scale,
-                                                   string_view epilogue, const optional<at::Tensor>& y) {
-  return detops::torch::guarded([&] {
+std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_y, const Tensor& scale,
+                                                   Str epilogue, const Optional<Tensor>& y) {
+  return guarded([&] {
     const FrozenBnEpilogue e = parse_epilogue(kBackward, epilogue);
-    c10::DeviceGuard guard(grad_y.device());
+    DeviceGuard guard(grad_y);
     require_dim(kBackward, "grad_y", grad_y, 4, "[N, C, H, W]");
-    at::Tensor grad_x = at::empty_like(grad_y);
-    at::Tensor grad_residual = e == FrozenBnEpilogue::kAddRelu ? at::empty_like(grad_y) : at::Tensor();
-    frozen_batch_norm_backward(detops::torch::view(grad_y, "grad_y"), detops::torch::view(scale, "scale"),
-                               detops::torch::view(grad_x, "grad_x"), e,
-                               detops::torch::view(value_or_undefined(y), "y"),
-                               detops::torch::view(grad_residual, "grad_residual"), detops::torch::context(grad_y));
+    Tensor grad_x = empty_like_format(grad_y);
+    Tensor grad_residual = e == FrozenBnEpilogue::kAddRelu ? empty_like_format(grad_y) : undefined();
+    frozen_batch_norm_backward(view(grad_y, "grad_y"), view(scale, "scale"),
+                               view(grad_x, "grad_x"), e,
+                               view(value_or_undefined(y), "y"),
+                               view(grad_residual, "grad_residual"), context(grad_y));
     return std::make_tuple(grad_x, grad_residual);
   });
 }
 
-// ---- Meta ----------------------------------------------------------------------------------
-
-std::tuple<at::Tensor, at::Tensor> fold_meta(const at::Tensor& weight, const at::Tensor& bias,
-                                             const at::Tensor& running_mean, const at::Tensor& running_var, double) {
-  return detops::torch::guarded([&] {
-    require_meta(kFold, {{"weight", &weight}, {"bias", &bias}, {"running_mean", &running_mean},
-                         {"running_var", &running_var}});
-    at::Tensor scale = fold_output_like(weight);
-    return std::make_tuple(scale, at::empty_like(scale));
-  });
-}
-
-at::Tensor forward_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, string_view epilogue,
-                        const optional<at::Tensor>& residual) {
-  return detops::torch::guarded([&] {
-    const at::Tensor r = value_or_undefined(residual);
-    require_meta(kForward, {{"x", &x}, {"scale", &scale}, {"shift", &shift}, {"residual", &r}});
-    check_residual(parse_epilogue(kForward, epilogue), residual);
-    require_dim(kForward, "x", x, 4, "[N, C, H, W]");
-    return at::empty_like(x);
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> backward_meta(const at::Tensor& grad_y, const at::Tensor& scale,
-                                                 string_view epilogue, const optional<at::Tensor>& y) {
-  return detops::torch::guarded([&] {
-    const at::Tensor yv = value_or_undefined(y);
-    require_meta(kBackward, {{"grad_y", &grad_y}, {"scale", &scale}, {"y", &yv}});
-    const FrozenBnEpilogue e = parse_epilogue(kBackward, epilogue);
-    require_dim(kBackward, "grad_y", grad_y, 4, "[N, C, H, W]");
-    return std::make_tuple(at::empty_like(grad_y),
-                           e == FrozenBnEpilogue::kAddRelu ? at::empty_like(grad_y) : at::Tensor());
-  });
-}
+#if !DETOPS_TORCH_STABLE
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
 
 // ---- Autograd ------------------------------------------------------------------------------
 
-at::Tensor call_forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, string_view epilogue,
-                        const optional<at::Tensor>& residual) {
+at::Tensor call_forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, Str epilogue,
+                        const Optional<Tensor>& residual) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::frozen_batch_norm", "")
                        .typed<decltype(forward_kernel)>();
@@ -132,7 +98,7 @@ at::Tensor call_forward(const at::Tensor& x, const at::Tensor& scale, const at::
 }
 
 std::tuple<at::Tensor, at::Tensor> call_backward(const at::Tensor& grad_y, const at::Tensor& scale,
-                                                 string_view epilogue, const optional<at::Tensor>& y) {
+                                                 Str epilogue, const Optional<Tensor>& y) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_frozen_batch_norm_backward", "")
                        .typed<decltype(backward_kernel)>();
@@ -142,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor> call_backward(const at::Tensor& grad_y, const
 class FrozenBatchNormFunction : public ::torch::autograd::Function<FrozenBatchNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
-                               const at::Tensor& shift, string_view epilogue, const optional<at::Tensor>& residual) {
+                               const at::Tensor& shift, Str epilogue, const Optional<Tensor>& residual) {
     const FrozenBnEpilogue e = parse_epilogue(kForward, epilogue);
     ctx->saved_data["epilogue"] = std::string(epilogue.data(), epilogue.size());
     at::Tensor y;
@@ -158,7 +124,7 @@ class FrozenBatchNormFunction : public ::torch::autograd::Function<FrozenBatchNo
   static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
     const auto saved = ctx->get_saved_variables();
     const std::string epilogue = ctx->saved_data["epilogue"].toStringRef();
-    optional<at::Tensor> y;
+    Optional<Tensor> y;
     if (saved[1].defined()) y = saved[1];
     // grad_y may arrive in any layout; the kernel takes any strides.
     auto grads = call_backward(grad_output[0], saved[0], epilogue, y);
@@ -170,7 +136,7 @@ class FrozenBatchNormFunction : public ::torch::autograd::Function<FrozenBatchNo
 class FrozenBatchNormBackwardFunction : public ::torch::autograd::Function<FrozenBatchNormBackwardFunction> {
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad_y, const at::Tensor& scale,
-                               string_view epilogue, const optional<at::Tensor>& y) {
+                               Str epilogue, const Optional<Tensor>& y) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto grads = call_backward(grad_y, scale, epilogue, y);
     // A custom Function's outputs must be defined: grad_residual only when there is one.
@@ -184,8 +150,8 @@ class FrozenBatchNormBackwardFunction : public ::torch::autograd::Function<Froze
 };
 
 at::Tensor forward_autograd(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-                            string_view epilogue, const optional<at::Tensor>& residual) {
-  return detops::torch::guarded([&] {
+                            Str epilogue, const Optional<Tensor>& residual) {
+  return guarded([&] {
     // Frozen means frozen: a gradient asked of scale or shift would silently be None otherwise.
     for (const auto* t : {&scale, &shift}) {
       if (t->defined() && t->requires_grad()) {
@@ -200,10 +166,12 @@ at::Tensor forward_autograd(const at::Tensor& x, const at::Tensor& scale, const 
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_autograd(const at::Tensor& grad_y, const at::Tensor& scale,
-                                                     string_view epilogue, const optional<at::Tensor>& y) {
+                                                     Str epilogue, const Optional<Tensor>& y) {
   auto r = FrozenBatchNormBackwardFunction::apply(grad_y, scale, epilogue, y);
   return std::make_tuple(r[0], r.size() > 1 ? r[1] : at::Tensor());
 }
+
+#endif  // !DETOPS_TORCH_STABLE
 
 }  // namespace
 }  // namespace torch_ops
@@ -211,26 +179,31 @@ std::tuple<at::Tensor, at::Tensor> backward_autograd(const at::Tensor& grad_y, c
 
 namespace ops = detops::torch_ops;
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) {
-  m.impl("frozen_batch_norm_fold", TORCH_FN(ops::fold_kernel));
-  m.impl("frozen_batch_norm", TORCH_FN(ops::forward_kernel));
-  m.impl("_frozen_batch_norm_backward", TORCH_FN(ops::backward_kernel));
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // FrozenBatchNorm2d.
+  m.def("frozen_batch_norm_fold(Tensor weight, Tensor bias, Tensor running_mean, Tensor running_var, "
+        "float eps) -> (Tensor scale, Tensor shift)");
+  m.def("frozen_batch_norm(Tensor x, Tensor scale, Tensor shift, str epilogue=\"none\", "
+        "Tensor? residual=None) -> Tensor");
+  m.def("_frozen_batch_norm_backward(Tensor grad_y, Tensor scale, str epilogue, Tensor? y) "
+        "-> (Tensor grad_x, Tensor grad_residual)");
+}
+
+DETOPS_LIBRARY_IMPL(CPU, m) {
+  m.impl("frozen_batch_norm_fold", DETOPS_KERNEL(ops::fold_kernel));
+  m.impl("frozen_batch_norm", DETOPS_KERNEL(ops::forward_kernel));
+  m.impl("_frozen_batch_norm_backward", DETOPS_KERNEL(ops::backward_kernel));
 }
 
 #if DETOPS_TORCH_CUDA
-TORCH_LIBRARY_IMPL(detops, CUDA, m) {
-  m.impl("frozen_batch_norm_fold", TORCH_FN(ops::fold_kernel));
-  m.impl("frozen_batch_norm", TORCH_FN(ops::forward_kernel));
-  m.impl("_frozen_batch_norm_backward", TORCH_FN(ops::backward_kernel));
+DETOPS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("frozen_batch_norm_fold", DETOPS_KERNEL(ops::fold_kernel));
+  m.impl("frozen_batch_norm", DETOPS_KERNEL(ops::forward_kernel));
+  m.impl("_frozen_batch_norm_backward", DETOPS_KERNEL(ops::backward_kernel));
 }
 #endif
 
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("frozen_batch_norm_fold", TORCH_FN(ops::fold_meta));
-  m.impl("frozen_batch_norm", TORCH_FN(ops::forward_meta));
-  m.impl("_frozen_batch_norm_backward", TORCH_FN(ops::backward_meta));
-}
-
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   // The fold is a one-time conversion of frozen buffers: no gradient, autograd passes through
   // (and meta tensors reach the Meta kernel, which torch 1.13 would otherwise refuse).
@@ -238,3 +211,4 @@ TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   m.impl("frozen_batch_norm", TORCH_FN(ops::forward_autograd));
   m.impl("_frozen_batch_norm_backward", TORCH_FN(ops::backward_autograd));
 }
+#endif

@@ -1,44 +1,41 @@
 // Multi-scale deformable attention kernels of torch.ops.detops: ms_deform_attn and its backward op
-// on the CPU, CUDA (when built with it) and Meta keys, and the C++ autograd functions.
+// on the CPU, CUDA (when built with it) and their schemas; the classic layer's C++ autograd functions.
 #include "common.h"
 
 namespace detops {
 namespace torch_ops {
 namespace {
 
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
-
 constexpr const char* kForward = "detops::ms_deform_attn";
 constexpr const char* kBackward = "detops::_ms_deform_attn_backward";
 
 // Outputs are shaped from these ranks: checked here (torch would fail on size(3) first),
 // everything else by detops.
-void require_ranks(const char* op, const at::Tensor& value, const at::Tensor& sampling_locations,
-                   const at::Tensor& attention_weights) {
+void require_ranks(const char* op, const Tensor& value, const Tensor& sampling_locations,
+                   const Tensor& attention_weights) {
   require_dim(op, "value", value, 4, "[B, S, M, D]");
   require_dim(op, "sampling_locations", sampling_locations, 6, "[B, Q, M, L, P, 2]");
   require_dim(op, "attention_weights", attention_weights, 5, "[B, Q, M, L, P]");
 }
 
 // [B, Q, M*D] from value [B, S, M, D] and sampling_locations [B, Q, M, L, P, 2].
-std::vector<int64_t> output_sizes(const char* op, const at::Tensor& value, const at::Tensor& sampling_locations,
-                                  const at::Tensor& attention_weights) {
+std::vector<int64_t> output_sizes(const char* op, const Tensor& value, const Tensor& sampling_locations,
+                                  const Tensor& attention_weights) {
   require_ranks(op, value, sampling_locations, attention_weights);
   return {value.size(0), sampling_locations.size(1), value.size(2) * value.size(3)};
 }
 
 // The gradients asked for, each like its input; the others are undefined (None in Python) and
 // detops gets empty views.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gradients_like(const char* op, const at::Tensor& grad_output,
-                                                              const at::Tensor& value,
-                                                              const at::Tensor& sampling_locations,
-                                                              const at::Tensor& attention_weights, bool value_grad,
+std::tuple<Tensor, Tensor, Tensor> gradients_like(const char* op, const Tensor& grad_output,
+                                                              const Tensor& value,
+                                                              const Tensor& sampling_locations,
+                                                              const Tensor& attention_weights, bool value_grad,
                                                               bool locations_grad, bool weights_grad) {
   require_dim(op, "grad_output", grad_output, 3, "[B, Q, M*D]");
   require_ranks(op, value, sampling_locations, attention_weights);
-  auto like = [](const at::Tensor& t, bool needed) {
-    return needed ? at::empty(t.sizes(), t.options()) : at::Tensor();
+  auto like = [](const Tensor& t, bool needed) {
+    return needed ? empty_on(t, sizes_of(t)) : undefined();
   };
   return std::make_tuple(like(value, value_grad), like(sampling_locations, locations_grad),
                          like(attention_weights, weights_grad));
@@ -48,85 +45,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gradients_like(const char* op, co
 // spatial_shapes and level_start_index may be host tensors in a CUDA call (detops reads them on
 // the host either way); the dispatcher then picks the CUDA kernel from the other arguments.
 
-at::Tensor ms_deform_attn_kernel(const at::Tensor& value, const at::Tensor& spatial_shapes,
-                                 const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                                 const at::Tensor& attention_weights, string_view mode) {
-  return detops::torch::guarded([&] {
+Tensor ms_deform_attn_kernel(const Tensor& value, const Tensor& spatial_shapes,
+                                 const Tensor& level_start_index, const Tensor& sampling_locations,
+                                 const Tensor& attention_weights, Str mode) {
+  return guarded([&] {
     parse_exact_or_atomic(kForward, mode);
-    c10::DeviceGuard guard(value.device());
-    at::Tensor output =
-        at::empty(output_sizes(kForward, value, sampling_locations, attention_weights), value.options());
-    ms_deform_attn_forward(detops::torch::view(value, "value"), detops::torch::view(spatial_shapes, "spatial_shapes"),
-                           detops::torch::view(level_start_index, "level_start_index"),
-                           detops::torch::view(sampling_locations, "sampling_locations"),
-                           detops::torch::view(attention_weights, "attention_weights"),
-                           detops::torch::view(output, "output"), detops::torch::context(value));
+    DeviceGuard guard(value);
+    Tensor output =
+        empty_on(value, output_sizes(kForward, value, sampling_locations, attention_weights));
+    ms_deform_attn_forward(view(value, "value"), view(spatial_shapes, "spatial_shapes"),
+                           view(level_start_index, "level_start_index"),
+                           view(sampling_locations, "sampling_locations"),
+                           view(attention_weights, "attention_weights"),
+                           view(output, "output"), context(value));
     return output;
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_kernel(
-    const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
-    const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
-    string_view mode, bool value_grad, bool locations_grad, bool weights_grad) {
-  return detops::torch::guarded([&] {
+std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_kernel(
+    const Tensor& grad_output, const Tensor& value, const Tensor& spatial_shapes,
+    const Tensor& level_start_index, const Tensor& sampling_locations, const Tensor& attention_weights,
+    Str mode, bool value_grad, bool locations_grad, bool weights_grad) {
+  return guarded([&] {
     MsDeformAttnBackwardOptions backward;
     backward.mode = parse_exact_or_atomic(kBackward, mode);
-    c10::DeviceGuard guard(grad_output.device());
-    if (backward.mode == BackwardMode::kAtomic && value_grad && grad_output.is_cuda()) {
+    DeviceGuard guard(grad_output);
+    if (backward.mode == BackwardMode::kAtomic && value_grad && is_cuda(grad_output)) {
       // grad_value's scatter is the one part whose bits change from run to run (the location and
       // weight gradients have one writer each in either mode).
-      at::globalContext().alertNotDeterministic("detops::ms_deform_attn backward with mode='atomic' on CUDA");
+      alert_not_deterministic("detops::ms_deform_attn backward with backward_mode='atomic' on CUDA");
     }
     auto grads = gradients_like(kBackward, grad_output, value, sampling_locations, attention_weights, value_grad,
                                 locations_grad, weights_grad);
     // Workspace (exact mode) comes from torch's allocator through the context.
-    ms_deform_attn_backward(detops::torch::view(value, "value"), detops::torch::view(spatial_shapes, "spatial_shapes"),
-                            detops::torch::view(level_start_index, "level_start_index"),
-                            detops::torch::view(sampling_locations, "sampling_locations"),
-                            detops::torch::view(attention_weights, "attention_weights"),
-                            detops::torch::view(grad_output, "grad_output"),
-                            detops::torch::view(std::get<0>(grads), "grad_value"),
-                            detops::torch::view(std::get<1>(grads), "grad_sampling_locations"),
-                            detops::torch::view(std::get<2>(grads), "grad_attention_weights"), backward,
-                            detops::torch::context(grad_output));
+    ms_deform_attn_backward(view(value, "value"), view(spatial_shapes, "spatial_shapes"),
+                            view(level_start_index, "level_start_index"),
+                            view(sampling_locations, "sampling_locations"),
+                            view(attention_weights, "attention_weights"),
+                            view(grad_output, "grad_output"),
+                            view(std::get<0>(grads), "grad_value"),
+                            view(std::get<1>(grads), "grad_sampling_locations"),
+                            view(std::get<2>(grads), "grad_attention_weights"), backward,
+                            context(grad_output));
     return grads;
   });
 }
 
-// ---- Meta: shapes and dtypes only; the mode validated as in the real kernels --------------------
-// The level tables may stay real (host) tensors, as in a CUDA call; the data tensors must be meta.
-
-at::Tensor ms_deform_attn_meta(const at::Tensor& value, const at::Tensor& spatial_shapes,
-                               const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                               const at::Tensor& attention_weights, string_view mode) {
-  return detops::torch::guarded([&] {
-    require_meta(kForward, {{"value", &value},
-                            {"sampling_locations", &sampling_locations},
-                            {"attention_weights", &attention_weights}});
-    require_dim(kForward, "spatial_shapes", spatial_shapes, 2, "[L, 2]");
-    require_dim(kForward, "level_start_index", level_start_index, 1, "[L]");
-    parse_exact_or_atomic(kForward, mode);
-    return at::empty(output_sizes(kForward, value, sampling_locations, attention_weights), value.options());
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_meta(
-    const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
-    const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
-    string_view mode, bool value_grad, bool locations_grad, bool weights_grad) {
-  return detops::torch::guarded([&] {
-    require_meta(kBackward, {{"grad_output", &grad_output},
-                             {"value", &value},
-                             {"sampling_locations", &sampling_locations},
-                             {"attention_weights", &attention_weights}});
-    require_dim(kBackward, "spatial_shapes", spatial_shapes, 2, "[L, 2]");
-    require_dim(kBackward, "level_start_index", level_start_index, 1, "[L]");
-    parse_exact_or_atomic(kBackward, mode);
-    return gradients_like(kBackward, grad_output, value, sampling_locations, attention_weights, value_grad,
-                          locations_grad, weights_grad);
-  });
-}
+#if !DETOPS_TORCH_STABLE
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
 
 // ---- Autograd ----------------------------------------------------------------------------------
 // As roi_align.cpp: the forward runs the op below the autograd key, the backward calls the
@@ -134,11 +101,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_meta(
 // again. Gradients: value, sampling_locations and attention_weights, each only when autograd
 // needs it (the level tables are integers).
 
-std::string str(string_view s) { return std::string(s.data(), s.size()); }
+std::string str(Str s) { return std::string(s.data(), s.size()); }
 
 at::Tensor call_ms_deform_attn(const at::Tensor& value, const at::Tensor& spatial_shapes,
                                const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                               const at::Tensor& attention_weights, string_view mode) {
+                               const at::Tensor& attention_weights, Str mode) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::ms_deform_attn", "")
                        .typed<decltype(ms_deform_attn_kernel)>();
@@ -149,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(const at::Tensor& g
                                                              const at::Tensor& spatial_shapes,
                                                              const at::Tensor& level_start_index,
                                                              const at::Tensor& sampling_locations,
-                                                             const at::Tensor& attention_weights, string_view mode,
+                                                             const at::Tensor& attention_weights, Str mode,
                                                              bool value_grad, bool locations_grad,
                                                              bool weights_grad) {
   static auto op = c10::Dispatcher::singleton()
@@ -163,7 +130,7 @@ class MsDeformAttnFunction : public ::torch::autograd::Function<MsDeformAttnFunc
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& value, const at::Tensor& spatial_shapes,
                                const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                               const at::Tensor& attention_weights, string_view mode) {
+                               const at::Tensor& attention_weights, Str mode) {
     ctx->saved_data["mode"] = str(mode);
     ctx->save_for_backward({value, spatial_shapes, level_start_index, sampling_locations, attention_weights});
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -189,7 +156,7 @@ class MsDeformAttnBackwardFunction : public ::torch::autograd::Function<MsDeform
   static variable_list forward(AutogradContext*, const at::Tensor& grad_output, const at::Tensor& value,
                                const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
                                const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
-                               string_view mode, bool value_grad, bool locations_grad, bool weights_grad) {
+                               Str mode, bool value_grad, bool locations_grad, bool weights_grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto grads = call_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                                attention_weights, mode, value_grad, locations_grad, weights_grad);
@@ -207,7 +174,7 @@ class MsDeformAttnBackwardFunction : public ::torch::autograd::Function<MsDeform
 
 at::Tensor ms_deform_attn_autograd(const at::Tensor& value, const at::Tensor& spatial_shapes,
                                    const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                                   const at::Tensor& attention_weights, string_view mode) {
+                                   const at::Tensor& attention_weights, Str mode) {
   return MsDeformAttnFunction::apply(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                                      mode)[0];
 }
@@ -215,7 +182,7 @@ at::Tensor ms_deform_attn_autograd(const at::Tensor& value, const at::Tensor& sp
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_autograd(
     const at::Tensor& grad_output, const at::Tensor& value, const at::Tensor& spatial_shapes,
     const at::Tensor& level_start_index, const at::Tensor& sampling_locations, const at::Tensor& attention_weights,
-    string_view mode, bool value_grad, bool locations_grad, bool weights_grad) {
+    Str mode, bool value_grad, bool locations_grad, bool weights_grad) {
   auto r = MsDeformAttnBackwardFunction::apply(grad_output, value, spatial_shapes, level_start_index,
                                                sampling_locations, attention_weights, mode, value_grad,
                                                locations_grad, weights_grad);
@@ -226,31 +193,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_autograd(
   return std::make_tuple(grad_value, grad_locations, grad_weights);
 }
 
+#endif  // !DETOPS_TORCH_STABLE
+
 }  // namespace
 }  // namespace torch_ops
 }  // namespace detops
 
 namespace ops = detops::torch_ops;
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) {
-  m.impl("ms_deform_attn", TORCH_FN(ops::ms_deform_attn_kernel));
-  m.impl("_ms_deform_attn_backward", TORCH_FN(ops::ms_deform_attn_backward_kernel));
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // Multi-scale deformable attention: the argument order of Deformable-DETR's and mmcv's
+  // ms_deform_attn_forward (without im2col_step), then the backward mode; the backward op as
+  // grid_sample's (value_grad, locations_grad, weights_grad).
+  m.def("ms_deform_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+        "Tensor sampling_locations, Tensor attention_weights, str backward_mode=\"exact\") -> Tensor");
+  m.def("_ms_deform_attn_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
+        "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights, str backward_mode, "
+        "bool value_grad, bool locations_grad, bool weights_grad) "
+        "-> (Tensor grad_value, Tensor grad_sampling_locations, Tensor grad_attention_weights)");
+}
+
+DETOPS_LIBRARY_IMPL(CPU, m) {
+  m.impl("ms_deform_attn", DETOPS_KERNEL(ops::ms_deform_attn_kernel));
+  m.impl("_ms_deform_attn_backward", DETOPS_KERNEL(ops::ms_deform_attn_backward_kernel));
 }
 
 #if DETOPS_TORCH_CUDA
 // The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-TORCH_LIBRARY_IMPL(detops, CUDA, m) {
-  m.impl("ms_deform_attn", TORCH_FN(ops::ms_deform_attn_kernel));
-  m.impl("_ms_deform_attn_backward", TORCH_FN(ops::ms_deform_attn_backward_kernel));
+DETOPS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("ms_deform_attn", DETOPS_KERNEL(ops::ms_deform_attn_kernel));
+  m.impl("_ms_deform_attn_backward", DETOPS_KERNEL(ops::ms_deform_attn_backward_kernel));
 }
 #endif
 
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("ms_deform_attn", TORCH_FN(ops::ms_deform_attn_meta));
-  m.impl("_ms_deform_attn_backward", TORCH_FN(ops::ms_deform_attn_backward_meta));
-}
-
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   m.impl("ms_deform_attn", TORCH_FN(ops::ms_deform_attn_autograd));
   m.impl("_ms_deform_attn_backward", TORCH_FN(ops::ms_deform_attn_backward_autograd));
 }
+#endif

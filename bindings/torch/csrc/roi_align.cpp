@@ -1,13 +1,10 @@
-// RoIAlign kernels of torch.ops.detops: roi_align / roi_align_max and their backward ops on the
-// CPU, CUDA (when built with it) and Meta keys, and the C++ autograd functions.
+// RoIAlign glue of torch.ops.detops: roi_align / roi_align_max and their backward ops (CPU, and
+// CUDA when built with it), their schemas, and the classic layer's C++ autograd functions.
 #include "common.h"
 
 namespace detops {
 namespace torch_ops {
 namespace {
-
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
 
 constexpr const char* kForward = "detops::roi_align";
 constexpr const char* kBackward = "detops::_roi_align_backward";
@@ -26,143 +23,98 @@ RoiAlignOptions make_options(double spatial_scale, int64_t pooled_height, int64_
 
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
-at::Tensor roi_align_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+Tensor roi_align_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,
                             int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                            string_view backward_mode, string_view truncation) {
-  return detops::torch::guarded([&] {
+                            Str backward_mode, Str truncation) {
+  return guarded([&] {
     parse_backward_mode(kForward, backward_mode);
     parse_truncation(kForward, truncation);
-    c10::DeviceGuard guard(input.device());
-    at::Tensor output = at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"), input.options());
-    roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
-                      detops::torch::view(output, "output"),
+    DeviceGuard guard(input);
+    Tensor output = empty_on(input, roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"));
+    roi_align_forward(view(input, "input"), view(rois, "rois"),
+                      view(output, "output"),
                       make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, PoolMode::kAvg),
-                      detops::torch::context(input));
+                      context(input));
     return output;
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_align_max_kernel(const at::Tensor& input, const at::Tensor& rois,
+std::tuple<Tensor, Tensor> roi_align_max_kernel(const Tensor& input, const Tensor& rois,
                                                         double spatial_scale, int64_t pooled_height,
                                                         int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                                                        string_view backward_mode, string_view truncation) {
-  return detops::torch::guarded([&] {
+                                                        Str backward_mode, Str truncation) {
+  return guarded([&] {
     const char* op = "detops::roi_align_max";
     parse_backward_mode(op, backward_mode);
     parse_truncation(op, truncation);
-    c10::DeviceGuard guard(input.device());
+    DeviceGuard guard(input);
     const auto sizes = roi_output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]");
-    at::Tensor output = at::empty(sizes, input.options());
-    at::Tensor argmax = at::empty(sizes, input.options().dtype(at::kInt));
-    roi_align_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
-                      detops::torch::view(output, "output"),
+    Tensor output = empty_on(input, sizes);
+    Tensor argmax = empty_on(input, sizes, DType::kInt32);
+    roi_align_forward(view(input, "input"), view(rois, "rois"),
+                      view(output, "output"),
                       make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, PoolMode::kMax),
-                      detops::torch::context(input), detops::torch::view(argmax, "argmax"));
+                      context(input), view(argmax, "argmax"));
     return std::make_tuple(output, argmax);
   });
 }
 
-at::Tensor backward_common(const char* op, const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+Tensor backward_common(const char* op, const Tensor& grad, const Tensor& rois, const Tensor& argmax,
                            double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
                            int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio, bool aligned,
-                           string_view backward_mode, string_view truncation, bool channels_last, PoolMode pool) {
-  return detops::torch::guarded([&] {
+                           Str backward_mode, Str truncation, bool channels_last, PoolMode pool) {
+  return guarded([&] {
     RoiAlignBackwardOptions b;
     b.mode = parse_backward_mode(op, backward_mode);
     b.truncation = parse_truncation(op, truncation);
-    c10::DeviceGuard guard(grad.device());
-    if (b.mode == BackwardMode::kAtomic && grad.is_cuda()) {
+    DeviceGuard guard(grad);
+    if (b.mode == BackwardMode::kAtomic && is_cuda(grad)) {
       // Atomics on the GPU: the one mode whose bits change from run to run there.
-      at::globalContext().alertNotDeterministic("detops::roi_align backward with backward_mode='atomic' on CUDA");
+      alert_not_deterministic("detops::roi_align backward with backward_mode='atomic' on CUDA");
     }
-    at::Tensor grad_input = roi_grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
+    Tensor grad_input = roi_grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
     // Workspace (exact mode) comes from torch's allocator through the context.
-    roi_align_backward(detops::torch::view(grad, "grad"), detops::torch::view(rois, "rois"),
-                       detops::torch::view(grad_input, "grad_input"),
+    roi_align_backward(view(grad, "grad"), view(rois, "rois"),
+                       view(grad_input, "grad_input"),
                        make_options(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, pool), b,
-                       detops::torch::context(grad), detops::torch::view(argmax, "argmax"));
+                       context(grad), view(argmax, "argmax"));
     return grad_input;
   });
 }
 
-at::Tensor roi_align_backward_kernel(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+Tensor roi_align_backward_kernel(const Tensor& grad, const Tensor& rois, double spatial_scale,
                                      int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
                                      int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
-                                     bool aligned, string_view backward_mode, string_view truncation,
+                                     bool aligned, Str backward_mode, Str truncation,
                                      bool channels_last) {
-  return backward_common(kBackward, grad, rois, at::Tensor(), spatial_scale, pooled_height, pooled_width,
+  return backward_common(kBackward, grad, rois, undefined(), spatial_scale, pooled_height, pooled_width,
                          batch_size, channels, height, width, sampling_ratio, aligned, backward_mode, truncation,
                          channels_last, PoolMode::kAvg);
 }
 
-at::Tensor roi_align_max_backward_kernel(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+Tensor roi_align_max_backward_kernel(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
                                          double spatial_scale, int64_t pooled_height, int64_t pooled_width,
                                          int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-                                         int64_t sampling_ratio, bool aligned, string_view backward_mode,
-                                         string_view truncation, bool channels_last) {
+                                         int64_t sampling_ratio, bool aligned, Str backward_mode,
+                                         Str truncation, bool channels_last) {
   return backward_common("detops::_roi_align_max_backward", grad, rois, argmax, spatial_scale, pooled_height,
                          pooled_width, batch_size, channels, height, width, sampling_ratio, aligned, backward_mode,
                          truncation, channels_last, PoolMode::kMax);
 }
 
-// ---- Meta: shapes, dtypes and memory formats only; modes validated as in the real kernels ------
-
-at::Tensor roi_align_meta(const at::Tensor& input, const at::Tensor& rois, double, int64_t pooled_height,
-                          int64_t pooled_width, int64_t, bool, string_view backward_mode, string_view truncation) {
-  return detops::torch::guarded([&] {
-    require_meta(kForward, {{"input", &input}, {"rois", &rois}});
-    parse_backward_mode(kForward, backward_mode);
-    parse_truncation(kForward, truncation);
-    return at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"), input.options());
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> roi_align_max_meta(const at::Tensor& input, const at::Tensor& rois, double,
-                                                      int64_t pooled_height, int64_t pooled_width, int64_t, bool,
-                                                      string_view backward_mode, string_view truncation) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::roi_align_max";
-    require_meta(op, {{"input", &input}, {"rois", &rois}});
-    parse_backward_mode(op, backward_mode);
-    parse_truncation(op, truncation);
-    const auto sizes = roi_output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]");
-    return std::make_tuple(at::empty(sizes, input.options()), at::empty(sizes, input.options().dtype(at::kInt)));
-  });
-}
-
-at::Tensor roi_align_backward_meta(const at::Tensor& grad, const at::Tensor& rois, double, int64_t, int64_t,
-                                   int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t,
-                                   bool, string_view backward_mode, string_view truncation, bool channels_last) {
-  return detops::torch::guarded([&] {
-    require_meta(kBackward, {{"grad", &grad}, {"rois", &rois}});
-    parse_backward_mode(kBackward, backward_mode);
-    parse_truncation(kBackward, truncation);
-    return roi_grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
-  });
-}
-
-at::Tensor roi_align_max_backward_meta(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
-                                       double, int64_t, int64_t, int64_t batch_size, int64_t channels, int64_t height,
-                                       int64_t width, int64_t, bool, string_view backward_mode,
-                                       string_view truncation, bool channels_last) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::_roi_align_max_backward";
-    require_meta(op, {{"grad", &grad}, {"rois", &rois}, {"argmax", &argmax}});
-    parse_backward_mode(op, backward_mode);
-    parse_truncation(op, truncation);
-    return roi_grad_input_like(op, grad, batch_size, channels, height, width, channels_last);
-  });
-}
+#if !DETOPS_TORCH_STABLE
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
 
 // ---- Autograd ----------------------------------------------------------------------------------
 // As torchvision's csrc/ops/autograd/roi_align_kernel.cpp: the forward runs the op below the
 // autograd key, the backward calls the backward op through the dispatcher, whose own autograd
 // kernel refuses to be differentiated again. Gradients: input only (rois get none).
 
-std::string str(string_view s) { return std::string(s.data(), s.size()); }
+std::string str(Str s) { return std::string(s.data(), s.size()); }
 
 at::Tensor call_roi_align(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                          int64_t pw, int64_t sr, bool aligned, string_view mode, string_view truncation) {
+                          int64_t pw, int64_t sr, bool aligned, Str mode, Str truncation) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::roi_align", "")
                        .typed<decltype(roi_align_kernel)>();
@@ -171,7 +123,7 @@ at::Tensor call_roi_align(const at::Tensor& input, const at::Tensor& rois, doubl
 
 std::tuple<at::Tensor, at::Tensor> call_roi_align_max(const at::Tensor& input, const at::Tensor& rois,
                                                       double spatial_scale, int64_t ph, int64_t pw, int64_t sr,
-                                                      bool aligned, string_view mode, string_view truncation) {
+                                                      bool aligned, Str mode, Str truncation) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::roi_align_max", "")
                        .typed<decltype(roi_align_max_kernel)>();
@@ -180,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> call_roi_align_max(const at::Tensor& input, c
 
 at::Tensor call_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                          int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned,
-                         string_view mode, string_view truncation, bool channels_last) {
+                         Str mode, Str truncation, bool channels_last) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_roi_align_backward", "")
                        .typed<decltype(roi_align_backward_kernel)>();
@@ -189,7 +141,7 @@ at::Tensor call_backward(const at::Tensor& grad, const at::Tensor& rois, double 
 
 at::Tensor call_max_backward(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
                              double spatial_scale, int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h,
-                             int64_t w, int64_t sr, bool aligned, string_view mode, string_view truncation,
+                             int64_t w, int64_t sr, bool aligned, Str mode, Str truncation,
                              bool channels_last) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_roi_align_max_backward", "")
@@ -198,7 +150,7 @@ at::Tensor call_max_backward(const at::Tensor& grad, const at::Tensor& rois, con
 }
 
 void save_attributes(AutogradContext* ctx, const at::Tensor& input, double spatial_scale, int64_t ph, int64_t pw,
-                     int64_t sr, bool aligned, string_view mode, string_view truncation) {
+                     int64_t sr, bool aligned, Str mode, Str truncation) {
   ctx->saved_data["spatial_scale"] = spatial_scale;
   ctx->saved_data["pooled_height"] = ph;
   ctx->saved_data["pooled_width"] = pw;
@@ -207,7 +159,7 @@ void save_attributes(AutogradContext* ctx, const at::Tensor& input, double spati
   ctx->saved_data["backward_mode"] = str(mode);
   ctx->saved_data["truncation"] = str(truncation);
   ctx->saved_data["input_shape"] = input.sizes();
-  ctx->saved_data["channels_last"] = format_of(input) == at::MemoryFormat::ChannelsLast;
+  ctx->saved_data["channels_last"] = is_channels_last(input);
 }
 
 // Arguments of the forward after (input, rois): none of them has a gradient.
@@ -220,7 +172,7 @@ class RoiAlignFunction : public ::torch::autograd::Function<RoiAlignFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
                                double spatial_scale, int64_t ph, int64_t pw, int64_t sr, bool aligned,
-                               string_view mode, string_view truncation) {
+                               Str mode, Str truncation) {
     save_attributes(ctx, input, spatial_scale, ph, pw, sr, aligned, mode, truncation);
     ctx->save_for_backward({rois});
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -244,7 +196,7 @@ class RoiAlignMaxFunction : public ::torch::autograd::Function<RoiAlignMaxFuncti
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
                                double spatial_scale, int64_t ph, int64_t pw, int64_t sr, bool aligned,
-                               string_view mode, string_view truncation) {
+                               Str mode, Str truncation) {
     save_attributes(ctx, input, spatial_scale, ph, pw, sr, aligned, mode, truncation);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto result = call_roi_align_max(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
@@ -276,7 +228,7 @@ class RoiAlignBackwardFunction : public ::torch::autograd::Function<RoiAlignBack
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
                                int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr,
-                               bool aligned, string_view mode, string_view truncation, bool channels_last) {
+                               bool aligned, Str mode, Str truncation, bool channels_last) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_backward(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation,
                           channels_last)};
@@ -288,8 +240,8 @@ class RoiAlignMaxBackwardFunction : public ::torch::autograd::Function<RoiAlignM
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad, const at::Tensor& rois,
                                const at::Tensor& argmax, double spatial_scale, int64_t ph, int64_t pw, int64_t n,
-                               int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned, string_view mode,
-                               string_view truncation, bool channels_last) {
+                               int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned, Str mode,
+                               Str truncation, bool channels_last) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_max_backward(grad, rois, argmax, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode, truncation,
                               channels_last)};
@@ -298,31 +250,33 @@ class RoiAlignMaxBackwardFunction : public ::torch::autograd::Function<RoiAlignM
 };
 
 at::Tensor roi_align_autograd(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                              int64_t pw, int64_t sr, bool aligned, string_view mode, string_view truncation) {
+                              int64_t pw, int64_t sr, bool aligned, Str mode, Str truncation) {
   return RoiAlignFunction::apply(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation)[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> roi_align_max_autograd(const at::Tensor& input, const at::Tensor& rois,
                                                           double spatial_scale, int64_t ph, int64_t pw, int64_t sr,
-                                                          bool aligned, string_view mode, string_view truncation) {
+                                                          bool aligned, Str mode, Str truncation) {
   auto r = RoiAlignMaxFunction::apply(input, rois, spatial_scale, ph, pw, sr, aligned, mode, truncation);
   return std::make_tuple(r[0], r[1]);
 }
 
 at::Tensor roi_align_backward_autograd(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
                                        int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr,
-                                       bool aligned, string_view mode, string_view truncation, bool channels_last) {
+                                       bool aligned, Str mode, Str truncation, bool channels_last) {
   return RoiAlignBackwardFunction::apply(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode,
                                          truncation, channels_last)[0];
 }
 
 at::Tensor roi_align_max_backward_autograd(const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
                                            double spatial_scale, int64_t ph, int64_t pw, int64_t n, int64_t c,
-                                           int64_t h, int64_t w, int64_t sr, bool aligned, string_view mode,
-                                           string_view truncation, bool channels_last) {
+                                           int64_t h, int64_t w, int64_t sr, bool aligned, Str mode,
+                                           Str truncation, bool channels_last) {
   return RoiAlignMaxBackwardFunction::apply(grad, rois, argmax, spatial_scale, ph, pw, n, c, h, w, sr, aligned, mode,
                                             truncation, channels_last)[0];
 }
+
+#endif  // !DETOPS_TORCH_STABLE
 
 }  // namespace
 }  // namespace torch_ops
@@ -330,33 +284,41 @@ at::Tensor roi_align_max_backward_autograd(const at::Tensor& grad, const at::Ten
 
 namespace ops = detops::torch_ops;
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) {
-  m.impl("roi_align", TORCH_FN(ops::roi_align_kernel));
-  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_kernel));
-  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_kernel));
-  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_kernel));
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // RoIAlign, average pooling: torchvision's positional order, detops' modes trailing.
+  m.def("roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned, str backward_mode=\"exact\", str truncation=\"float16\") -> Tensor");
+  m.def("_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, "
+        "bool aligned, str backward_mode=\"exact\", str truncation=\"float16\", bool channels_last=False) -> Tensor");
+  // RoIAlign, max pooling (mmcv pool_mode="max"): argmax is int32, detops' layout.
+  m.def("roi_align_max(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned, str backward_mode=\"exact\", str truncation=\"float16\") "
+        "-> (Tensor output, Tensor argmax)");
+  m.def("_roi_align_max_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, "
+        "int pooled_height, int pooled_width, int batch_size, int channels, int height, int width, "
+        "int sampling_ratio, bool aligned, str backward_mode=\"exact\", str truncation=\"float16\", "
+        "bool channels_last=False) -> Tensor");
 }
 
+// CPU and CUDA: the same kernels; detops runs the backend of the tensors' device (on CUDA, torch's
+// current stream).
+#define DETOPS_ROI_ALIGN_IMPL(m)                                                \
+  m.impl("roi_align", DETOPS_KERNEL(ops::roi_align_kernel));                    \
+  m.impl("_roi_align_backward", DETOPS_KERNEL(ops::roi_align_backward_kernel)); \
+  m.impl("roi_align_max", DETOPS_KERNEL(ops::roi_align_max_kernel));            \
+  m.impl("_roi_align_max_backward", DETOPS_KERNEL(ops::roi_align_max_backward_kernel))
+
+DETOPS_LIBRARY_IMPL(CPU, m) { DETOPS_ROI_ALIGN_IMPL(m); }
 #if DETOPS_TORCH_CUDA
-// The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-TORCH_LIBRARY_IMPL(detops, CUDA, m) {
-  m.impl("roi_align", TORCH_FN(ops::roi_align_kernel));
-  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_kernel));
-  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_kernel));
-  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_kernel));
-}
+DETOPS_LIBRARY_IMPL(CUDA, m) { DETOPS_ROI_ALIGN_IMPL(m); }
 #endif
 
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("roi_align", TORCH_FN(ops::roi_align_meta));
-  m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_meta));
-  m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_meta));
-  m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_meta));
-}
-
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   m.impl("roi_align", TORCH_FN(ops::roi_align_autograd));
   m.impl("_roi_align_backward", TORCH_FN(ops::roi_align_backward_autograd));
   m.impl("roi_align_max", TORCH_FN(ops::roi_align_max_autograd));
   m.impl("_roi_align_max_backward", TORCH_FN(ops::roi_align_max_backward_autograd));
 }
+#endif

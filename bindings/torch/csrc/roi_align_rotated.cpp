@@ -1,13 +1,10 @@
 // RoIAlignRotated kernels of torch.ops.detops: roi_align_rotated and its backward op on the CPU,
-// CUDA (when built with it) and Meta keys, and the C++ autograd functions.
+// CUDA (when built with it) and their schemas; the classic layer's C++ autograd functions.
 #include "common.h"
 
 namespace detops {
 namespace torch_ops {
 namespace {
-
-using ::torch::autograd::AutogradContext;
-using ::torch::autograd::variable_list;
 
 constexpr const char* kForward = "detops::roi_align_rotated";
 constexpr const char* kBackward = "detops::_roi_align_rotated_backward";
@@ -15,7 +12,7 @@ constexpr const char* kBackward = "detops::_roi_align_rotated_backward";
 // The string options are parsed (and so validated) here, by every kernel that takes them.
 RoiAlignRotatedOptions make_options(const char* op, double spatial_scale, int64_t pooled_height,
                                     int64_t pooled_width, int64_t sampling_ratio, bool aligned, bool clockwise,
-                                    string_view angle_unit) {
+                                    Str angle_unit) {
   RoiAlignRotatedOptions o;
   o.spatial_scale = spatial_scale;
   o.pooled_height = pooled_height;
@@ -27,7 +24,7 @@ RoiAlignRotatedOptions make_options(const char* op, double spatial_scale, int64_
   return o;
 }
 
-RoiAlignBackwardOptions make_backward(const char* op, string_view backward_mode, string_view truncation) {
+RoiAlignBackwardOptions make_backward(const char* op, Str backward_mode, Str truncation) {
   RoiAlignBackwardOptions b;
   b.mode = parse_backward_mode(op, backward_mode);
   b.truncation = parse_truncation(op, truncation);
@@ -36,70 +33,49 @@ RoiAlignBackwardOptions make_backward(const char* op, string_view backward_mode,
 
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
-at::Tensor roi_align_rotated_kernel(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
+Tensor roi_align_rotated_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,
                                     int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                                    bool clockwise, string_view angle_unit, string_view backward_mode,
-                                    string_view truncation) {
-  return detops::torch::guarded([&] {
+                                    bool clockwise, Str angle_unit, Str backward_mode,
+                                    Str truncation) {
+  return guarded([&] {
     const RoiAlignRotatedOptions options = make_options(kForward, spatial_scale, pooled_height, pooled_width,
                                                         sampling_ratio, aligned, clockwise, angle_unit);
     make_backward(kForward, backward_mode, truncation);  // a bad mode fails now, not in the backward
-    c10::DeviceGuard guard(input.device());
-    at::Tensor output = at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 6]"), input.options());
-    roi_align_rotated_forward(detops::torch::view(input, "input"), detops::torch::view(rois, "rois"),
-                              detops::torch::view(output, "output"), options, detops::torch::context(input));
+    DeviceGuard guard(input);
+    Tensor output = empty_on(input, roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 6]"));
+    roi_align_rotated_forward(view(input, "input"), view(rois, "rois"),
+                              view(output, "output"), options, context(input));
     return output;
   });
 }
 
-at::Tensor roi_align_rotated_backward_kernel(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
+Tensor roi_align_rotated_backward_kernel(const Tensor& grad, const Tensor& rois, double spatial_scale,
                                              int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
                                              int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
-                                             bool aligned, bool clockwise, string_view angle_unit,
-                                             string_view backward_mode, string_view truncation, bool channels_last) {
-  return detops::torch::guarded([&] {
+                                             bool aligned, bool clockwise, Str angle_unit,
+                                             Str backward_mode, Str truncation, bool channels_last) {
+  return guarded([&] {
     const RoiAlignRotatedOptions options = make_options(kBackward, spatial_scale, pooled_height, pooled_width,
                                                         sampling_ratio, aligned, clockwise, angle_unit);
     const RoiAlignBackwardOptions b = make_backward(kBackward, backward_mode, truncation);
-    c10::DeviceGuard guard(grad.device());
-    if (b.mode == BackwardMode::kAtomic && grad.is_cuda()) {
+    DeviceGuard guard(grad);
+    if (b.mode == BackwardMode::kAtomic && is_cuda(grad)) {
       // Atomics on the GPU: the one mode whose bits change from run to run there.
-      at::globalContext().alertNotDeterministic(
+      alert_not_deterministic(
           "detops::roi_align_rotated backward with backward_mode='atomic' on CUDA");
     }
-    at::Tensor grad_input = roi_grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
+    Tensor grad_input = roi_grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
     // Workspace (exact mode) comes from torch's allocator through the context.
-    roi_align_rotated_backward(detops::torch::view(grad, "grad"), detops::torch::view(rois, "rois"),
-                               detops::torch::view(grad_input, "grad_input"), options, b,
-                               detops::torch::context(grad));
+    roi_align_rotated_backward(view(grad, "grad"), view(rois, "rois"),
+                               view(grad_input, "grad_input"), options, b,
+                               context(grad));
     return grad_input;
   });
 }
 
-// ---- Meta: shapes, dtypes and memory formats only; options validated as in the real kernels ----
-
-at::Tensor roi_align_rotated_meta(const at::Tensor& input, const at::Tensor& rois, double, int64_t pooled_height,
-                                  int64_t pooled_width, int64_t, bool, bool, string_view angle_unit,
-                                  string_view backward_mode, string_view truncation) {
-  return detops::torch::guarded([&] {
-    require_meta(kForward, {{"input", &input}, {"rois", &rois}});
-    parse_angle_unit(kForward, angle_unit);
-    make_backward(kForward, backward_mode, truncation);
-    return at::empty(roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 6]"), input.options());
-  });
-}
-
-at::Tensor roi_align_rotated_backward_meta(const at::Tensor& grad, const at::Tensor& rois, double, int64_t, int64_t,
-                                           int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-                                           int64_t, bool, bool, string_view angle_unit, string_view backward_mode,
-                                           string_view truncation, bool channels_last) {
-  return detops::torch::guarded([&] {
-    require_meta(kBackward, {{"grad", &grad}, {"rois", &rois}});
-    parse_angle_unit(kBackward, angle_unit);
-    make_backward(kBackward, backward_mode, truncation);
-    return roi_grad_input_like(kBackward, grad, batch_size, channels, height, width, channels_last);
-  });
-}
+#if !DETOPS_TORCH_STABLE
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
 
 // ---- Autograd ----------------------------------------------------------------------------------
 // As roi_align.cpp (after torchvision's csrc/ops/autograd/roi_align_kernel.cpp): the forward runs
@@ -107,11 +83,11 @@ at::Tensor roi_align_rotated_backward_meta(const at::Tensor& grad, const at::Ten
 // own autograd kernel refuses to be differentiated again. Gradients: input only (rois get none,
 // as in detectron2 and mmcv).
 
-std::string str(string_view s) { return std::string(s.data(), s.size()); }
+std::string str(Str s) { return std::string(s.data(), s.size()); }
 
 at::Tensor call_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                        int64_t sr, bool aligned, bool clockwise, string_view angle_unit, string_view mode,
-                        string_view truncation) {
+                        int64_t sr, bool aligned, bool clockwise, Str angle_unit, Str mode,
+                        Str truncation) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow(kForward, "")
                        .typed<decltype(roi_align_rotated_kernel)>();
@@ -120,7 +96,7 @@ at::Tensor call_forward(const at::Tensor& input, const at::Tensor& rois, double 
 
 at::Tensor call_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                          int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr, bool aligned,
-                         bool clockwise, string_view angle_unit, string_view mode, string_view truncation,
+                         bool clockwise, Str angle_unit, Str mode, Str truncation,
                          bool channels_last) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow(kBackward, "")
@@ -133,7 +109,7 @@ class RoiAlignRotatedFunction : public ::torch::autograd::Function<RoiAlignRotat
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& rois,
                                double spatial_scale, int64_t ph, int64_t pw, int64_t sr, bool aligned, bool clockwise,
-                               string_view angle_unit, string_view mode, string_view truncation) {
+                               Str angle_unit, Str mode, Str truncation) {
     ctx->saved_data["spatial_scale"] = spatial_scale;
     ctx->saved_data["pooled_height"] = ph;
     ctx->saved_data["pooled_width"] = pw;
@@ -144,7 +120,7 @@ class RoiAlignRotatedFunction : public ::torch::autograd::Function<RoiAlignRotat
     ctx->saved_data["backward_mode"] = str(mode);
     ctx->saved_data["truncation"] = str(truncation);
     ctx->saved_data["input_shape"] = input.sizes();
-    ctx->saved_data["channels_last"] = format_of(input) == at::MemoryFormat::ChannelsLast;
+    ctx->saved_data["channels_last"] = is_channels_last(input);
     ctx->save_for_backward({rois});
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_forward(input, rois, spatial_scale, ph, pw, sr, aligned, clockwise, angle_unit, mode, truncation)};
@@ -172,8 +148,8 @@ class RoiAlignRotatedBackwardFunction : public ::torch::autograd::Function<RoiAl
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
                                int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t sr,
-                               bool aligned, bool clockwise, string_view angle_unit, string_view mode,
-                               string_view truncation, bool channels_last) {
+                               bool aligned, bool clockwise, Str angle_unit, Str mode,
+                               Str truncation, bool channels_last) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_backward(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, clockwise, angle_unit, mode,
                           truncation, channels_last)};
@@ -186,18 +162,20 @@ class RoiAlignRotatedBackwardFunction : public ::torch::autograd::Function<RoiAl
 
 at::Tensor roi_align_rotated_autograd(const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
                                       int64_t ph, int64_t pw, int64_t sr, bool aligned, bool clockwise,
-                                      string_view angle_unit, string_view mode, string_view truncation) {
+                                      Str angle_unit, Str mode, Str truncation) {
   return RoiAlignRotatedFunction::apply(input, rois, spatial_scale, ph, pw, sr, aligned, clockwise, angle_unit, mode,
                                         truncation)[0];
 }
 
 at::Tensor roi_align_rotated_backward_autograd(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale,
                                                int64_t ph, int64_t pw, int64_t n, int64_t c, int64_t h, int64_t w,
-                                               int64_t sr, bool aligned, bool clockwise, string_view angle_unit,
-                                               string_view mode, string_view truncation, bool channels_last) {
+                                               int64_t sr, bool aligned, bool clockwise, Str angle_unit,
+                                               Str mode, Str truncation, bool channels_last) {
   return RoiAlignRotatedBackwardFunction::apply(grad, rois, spatial_scale, ph, pw, n, c, h, w, sr, aligned, clockwise,
                                                 angle_unit, mode, truncation, channels_last)[0];
 }
+
+#endif  // !DETOPS_TORCH_STABLE
 
 }  // namespace
 }  // namespace torch_ops
@@ -205,25 +183,35 @@ at::Tensor roi_align_rotated_backward_autograd(const at::Tensor& grad, const at:
 
 namespace ops = detops::torch_ops;
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) {
-  m.impl("roi_align_rotated", TORCH_FN(ops::roi_align_rotated_kernel));
-  m.impl("_roi_align_rotated_backward", TORCH_FN(ops::roi_align_rotated_backward_kernel));
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // RoIAlignRotated: detectron2's positional order (its roi_align_rotated_forward/_backward
+  // schemas), then mmcv's options (aligned, clockwise; angle_unit "radians" for its angles) and
+  // detops' modes. Rois [K, 6]: (batch_index, cx, cy, w, h, angle).
+  m.def("roi_align_rotated(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned=True, bool clockwise=False, str angle_unit=\"degrees\", "
+        "str backward_mode=\"exact\", str truncation=\"float16\") -> Tensor");
+  m.def("_roi_align_rotated_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, "
+        "bool aligned=True, bool clockwise=False, str angle_unit=\"degrees\", str backward_mode=\"exact\", "
+        "str truncation=\"float16\", bool channels_last=False) -> Tensor");
+}
+
+DETOPS_LIBRARY_IMPL(CPU, m) {
+  m.impl("roi_align_rotated", DETOPS_KERNEL(ops::roi_align_rotated_kernel));
+  m.impl("_roi_align_rotated_backward", DETOPS_KERNEL(ops::roi_align_rotated_backward_kernel));
 }
 
 #if DETOPS_TORCH_CUDA
 // The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-TORCH_LIBRARY_IMPL(detops, CUDA, m) {
-  m.impl("roi_align_rotated", TORCH_FN(ops::roi_align_rotated_kernel));
-  m.impl("_roi_align_rotated_backward", TORCH_FN(ops::roi_align_rotated_backward_kernel));
+DETOPS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("roi_align_rotated", DETOPS_KERNEL(ops::roi_align_rotated_kernel));
+  m.impl("_roi_align_rotated_backward", DETOPS_KERNEL(ops::roi_align_rotated_backward_kernel));
 }
 #endif
 
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("roi_align_rotated", TORCH_FN(ops::roi_align_rotated_meta));
-  m.impl("_roi_align_rotated_backward", TORCH_FN(ops::roi_align_rotated_backward_meta));
-}
-
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   m.impl("roi_align_rotated", TORCH_FN(ops::roi_align_rotated_autograd));
   m.impl("_roi_align_rotated_backward", TORCH_FN(ops::roi_align_rotated_backward_autograd));
 }
+#endif

@@ -12,16 +12,13 @@ namespace detops {
 namespace torch_ops {
 namespace {
 
-at::TensorOptions int64_like(const at::Tensor& t) { return t.options().dtype(at::kLong); }
-at::TensorOptions float64_like(const at::Tensor& t) { return t.options().dtype(at::kDouble); }
-
-int64_t channels_of(const char* op, const char* arg, const at::Tensor& x) {
+int64_t channels_of(const char* op, const char* arg, const Tensor& x) {
   require_dim(op, arg, x, 4, "[N, C, H, W]");
   return x.size(1);
 }
 
 // Channels of a gathered [world, words] statistics record tensor (words = 1 + 2C, 1 + 4C exact).
-int64_t channels_of_gathered(const char* op, const at::Tensor& gathered, SyncBnMode mode) {
+int64_t channels_of_gathered(const char* op, const Tensor& gathered, SyncBnMode mode) {
   require_dim(op, "gathered", gathered, 2, "[world, words]");
   const int64_t per_channel = mode == SyncBnMode::kExact ? 4 : 2;
   const int64_t words = gathered.size(1);
@@ -34,72 +31,79 @@ int64_t channels_of_gathered(const char* op, const at::Tensor& gathered, SyncBnM
   return (words - 1) / per_channel;
 }
 
-TensorView view_opt(const optional<at::Tensor>& t, const char* what) {
-  return detops::torch::view(value_or_undefined(t), what);
+TensorView view_opt(const Optional<Tensor>& t, const char* what) {
+  return view(value_or_undefined(t), what);
 }
 
 // torch keeps num_batches_tracked as a 0-d int64 tensor; detops takes [1]: same storage.
-TensorView view_counter(const optional<at::Tensor>& t) {
-  at::Tensor v = value_or_undefined(t);
-  if (v.defined() && v.dim() == 0) v = v.view({1});
-  return detops::torch::view(v, "num_batches_tracked");
+TensorView view_counter(const Optional<Tensor>& t) {
+  TensorView v = view(value_or_undefined(t), "num_batches_tracked");
+  if (v.data != nullptr && v.rank == 0) v = TensorView(v.data, v.dtype, v.device, {1});
+  return v;
+}
+
+int64_t record_words_kernel(int64_t channels, Str mode) {
+  return guarded([&] {
+    const auto m = parse_sync_mode("detops::sync_batch_norm_record_words", mode);
+    return sync_batch_norm_record_words(channels, m);
+  });
 }
 
 // ---- CPU and CUDA ----------------------------------------------------------------------------
 
-at::Tensor local_scales_kernel(const at::Tensor& x, const optional<at::Tensor>& grad_y,
-                               const optional<at::Tensor>& save_mean) {
-  return detops::torch::guarded([&] {
+Tensor local_scales_kernel(const Tensor& x, const Optional<Tensor>& grad_y,
+                               const Optional<Tensor>& save_mean) {
+  return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_scales";
-    c10::DeviceGuard guard(x.device());
+    DeviceGuard guard(x);
     const bool backward = grad_y.has_value() && grad_y->defined();
-    at::Tensor scales =
-        at::empty({sync_batch_norm_scale_words(channels_of(op, "x", x), backward)}, int64_like(x));
-    sync_batch_norm_local_scales(detops::torch::view(x, "x"), view_opt(grad_y, "grad_y"),
-                                 view_opt(save_mean, "save_mean"), detops::torch::view(scales, "scales"),
-                                 detops::torch::context(x));
+    Tensor scales =
+        empty_on(x, {sync_batch_norm_scale_words(channels_of(op, "x", x), backward)}, DType::kInt64);
+    sync_batch_norm_local_scales(view(x, "x"), view_opt(grad_y, "grad_y"),
+                                 view_opt(save_mean, "save_mean"), view(scales, "scales"),
+                                 context(x));
     return scales;
   });
 }
 
-at::Tensor merge_scales_kernel(const at::Tensor& gathered) {
-  return detops::torch::guarded([&] {
+Tensor merge_scales_kernel(const Tensor& gathered) {
+  return guarded([&] {
     require_dim("detops::sync_batch_norm_merge_scales", "gathered", gathered, 2, "[world, words]");
-    c10::DeviceGuard guard(gathered.device());
-    at::Tensor scales = at::empty({gathered.size(1)}, int64_like(gathered));
-    sync_batch_norm_merge_scales(detops::torch::view(gathered, "gathered"), detops::torch::view(scales, "scales"),
-                                 detops::torch::context(gathered));
+    DeviceGuard guard(gathered);
+    Tensor scales = empty_on(gathered, {gathered.size(1)}, DType::kInt64);
+    sync_batch_norm_merge_scales(view(gathered, "gathered"), view(scales, "scales"),
+                                 context(gathered));
     return scales;
   });
 }
 
-at::Tensor local_stats_kernel(const at::Tensor& x, string_view mode, const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
+Tensor local_stats_kernel(const Tensor& x, Str mode, const Optional<Tensor>& scales) {
+  return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_stats";
     const SyncBnMode m = parse_sync_mode(op, mode);
-    c10::DeviceGuard guard(x.device());
-    at::Tensor record = at::empty({sync_batch_norm_record_words(channels_of(op, "x", x), m)}, int64_like(x));
-    sync_batch_norm_local_stats(detops::torch::view(x, "x"), detops::torch::view(record, "record"), m,
-                                view_opt(scales, "scales"), detops::torch::context(x));
+    DeviceGuard guard(x);
+    Tensor record = empty_on(x, {sync_batch_norm_record_words(channels_of(op, "x", x), m)}, DType::kInt64);
+    sync_batch_norm_local_stats(view(x, "x"), view(record, "record"), m,
+                                view_opt(scales, "scales"), context(x));
     return record;
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> finalize_stats_kernel(
-    const at::Tensor& gathered, const optional<at::Tensor>& weight, const optional<at::Tensor>& running_mean,
-    const optional<at::Tensor>& running_var, const optional<at::Tensor>& num_batches_tracked, double eps,
-    optional<double> momentum, string_view mode, const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
+std::tuple<Tensor, Tensor> finalize_stats_kernel(
+    const Tensor& gathered, const Optional<Tensor>& weight, const Optional<Tensor>& running_mean,
+    const Optional<Tensor>& running_var, const Optional<Tensor>& num_batches_tracked, double eps,
+    Optional<double> momentum, Str mode, const Optional<Tensor>& scales) {
+  return guarded([&] {
     const char* op = "detops::sync_batch_norm_finalize_stats";
     SyncBnOptions opts;
     opts.mode = parse_sync_mode(op, mode);
     opts.eps = eps;
     opts.momentum = momentum.has_value() ? std::optional<double>(*momentum) : std::nullopt;
     opts.training = true;
-    c10::DeviceGuard guard(gathered.device());
+    DeviceGuard guard(gathered);
     const int64_t C = channels_of_gathered(op, gathered, opts.mode);
-    at::Tensor save_mean = at::empty({C}, float64_like(gathered));
-    at::Tensor save_invstd = at::empty({C}, float64_like(gathered));
+    Tensor save_mean = empty_on(gathered, {C}, DType::kFloat64);
+    Tensor save_invstd = empty_on(gathered, {C}, DType::kFloat64);
     SyncBnParams params;
     params.weight = view_opt(weight, "weight");
     // finalize only validates the affine parameters against the records (it reads neither);
@@ -108,50 +112,50 @@ std::tuple<at::Tensor, at::Tensor> finalize_stats_kernel(
     params.running_mean = view_opt(running_mean, "running_mean");
     params.running_var = view_opt(running_var, "running_var");
     params.num_batches_tracked = view_counter(num_batches_tracked);
-    sync_batch_norm_finalize_stats(detops::torch::view(gathered, "gathered"), params,
-                                   detops::torch::view(save_mean, "save_mean"),
-                                   detops::torch::view(save_invstd, "save_invstd"), opts, view_opt(scales, "scales"),
-                                   detops::torch::context(gathered));
+    sync_batch_norm_finalize_stats(view(gathered, "gathered"), params,
+                                   view(save_mean, "save_mean"),
+                                   view(save_invstd, "save_invstd"), opts, view_opt(scales, "scales"),
+                                   context(gathered));
     return std::make_tuple(save_mean, save_invstd);
   });
 }
 
-at::Tensor apply_kernel(const at::Tensor& x, const optional<at::Tensor>& weight, const optional<at::Tensor>& bias,
-                        const at::Tensor& save_mean, const at::Tensor& save_invstd) {
-  return detops::torch::guarded([&] {
+Tensor apply_kernel(const Tensor& x, const Optional<Tensor>& weight, const Optional<Tensor>& bias,
+                        const Tensor& save_mean, const Tensor& save_invstd) {
+  return guarded([&] {
     channels_of("detops::sync_batch_norm_apply", "x", x);
-    c10::DeviceGuard guard(x.device());
-    at::Tensor y = at::empty_like(x);  // x's memory format
+    DeviceGuard guard(x);
+    Tensor y = empty_like_format(x);  // x's memory format
     SyncBnParams params;
     params.weight = view_opt(weight, "weight");
     params.bias = view_opt(bias, "bias");
-    sync_batch_norm_apply(detops::torch::view(x, "x"), params, detops::torch::view(save_mean, "save_mean"),
-                          detops::torch::view(save_invstd, "save_invstd"), detops::torch::view(y, "y"),
-                          detops::torch::context(x));
+    sync_batch_norm_apply(view(x, "x"), params, view(save_mean, "save_mean"),
+                          view(save_invstd, "save_invstd"), view(y, "y"),
+                          context(x));
     return y;
   });
 }
 
-at::Tensor local_backward_kernel(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& save_mean,
-                                 string_view mode, const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
+Tensor local_backward_kernel(const Tensor& grad_y, const Tensor& x, const Tensor& save_mean,
+                                 Str mode, const Optional<Tensor>& scales) {
+  return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_backward";
     const SyncBnMode m = parse_sync_mode(op, mode);
-    c10::DeviceGuard guard(x.device());
-    at::Tensor record = at::empty({sync_batch_norm_record_words(channels_of(op, "x", x), m)}, int64_like(x));
-    sync_batch_norm_local_backward(detops::torch::view(grad_y, "grad_y"), detops::torch::view(x, "x"),
-                                   detops::torch::view(save_mean, "save_mean"), detops::torch::view(record, "record"),
-                                   m, view_opt(scales, "scales"), detops::torch::context(x));
+    DeviceGuard guard(x);
+    Tensor record = empty_on(x, {sync_batch_norm_record_words(channels_of(op, "x", x), m)}, DType::kInt64);
+    sync_batch_norm_local_backward(view(grad_y, "grad_y"), view(x, "x"),
+                                   view(save_mean, "save_mean"), view(record, "record"),
+                                   m, view_opt(scales, "scales"), context(x));
     return record;
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finalize_backward_kernel(const at::Tensor& gathered, int64_t rank,
-                                                                        string_view mode,
-                                                                        const at::Tensor& save_invstd,
-                                                                        const optional<at::Tensor>& scales,
+std::tuple<Tensor, Tensor, Tensor> finalize_backward_kernel(const Tensor& gathered, int64_t rank,
+                                                                        Str mode,
+                                                                        const Tensor& save_invstd,
+                                                                        const Optional<Tensor>& scales,
                                                                         bool weight_grad) {
-  return detops::torch::guarded([&] {
+  return guarded([&] {
     const char* op = "detops::sync_batch_norm_finalize_backward";
     const SyncBnMode m = parse_sync_mode(op, mode);
     require_dim(op, "save_invstd", save_invstd, 1, "[C]");
@@ -159,128 +163,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> finalize_backward_kernel(const at
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(op) + ": rank is " + std::to_string(rank) + "; expected a non-negative rank");
     }
-    c10::DeviceGuard guard(gathered.device());
+    DeviceGuard guard(gathered);
     const int64_t C = save_invstd.size(0);
-    at::Tensor sums = at::empty({2 * C + 1}, float64_like(gathered));
-    at::Tensor grad_weight = weight_grad ? at::empty({C}, float64_like(gathered)) : at::Tensor();
-    at::Tensor grad_bias = weight_grad ? at::empty({C}, float64_like(gathered)) : at::Tensor();
-    sync_batch_norm_finalize_backward(detops::torch::view(gathered, "gathered"), static_cast<int>(rank), m,
-                                      detops::torch::view(save_invstd, "save_invstd"), detops::torch::view(sums, "sums"),
-                                      detops::torch::view(grad_weight, "grad_weight"),
-                                      detops::torch::view(grad_bias, "grad_bias"), view_opt(scales, "scales"),
-                                      detops::torch::context(gathered));
+    Tensor sums = empty_on(gathered, {2 * C + 1}, DType::kFloat64);
+    Tensor grad_weight = weight_grad ? empty_on(gathered, {C}, DType::kFloat64) : undefined();
+    Tensor grad_bias = weight_grad ? empty_on(gathered, {C}, DType::kFloat64) : undefined();
+    sync_batch_norm_finalize_backward(view(gathered, "gathered"), static_cast<int>(rank), m,
+                                      view(save_invstd, "save_invstd"), view(sums, "sums"),
+                                      view(grad_weight, "grad_weight"),
+                                      view(grad_bias, "grad_bias"), view_opt(scales, "scales"),
+                                      context(gathered));
     return std::make_tuple(sums, grad_weight, grad_bias);
   });
 }
 
-at::Tensor backward_apply_kernel(const at::Tensor& grad_y, const at::Tensor& x, const optional<at::Tensor>& weight,
-                                 const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& sums) {
-  return detops::torch::guarded([&] {
+Tensor backward_apply_kernel(const Tensor& grad_y, const Tensor& x, const Optional<Tensor>& weight,
+                                 const Tensor& save_mean, const Tensor& save_invstd, const Tensor& sums) {
+  return guarded([&] {
     channels_of("detops::sync_batch_norm_backward_apply", "x", x);
-    c10::DeviceGuard guard(x.device());
-    at::Tensor grad_x = at::empty_like(x);  // x's memory format
-    sync_batch_norm_backward_apply(detops::torch::view(grad_y, "grad_y"), detops::torch::view(x, "x"),
-                                   view_opt(weight, "weight"), detops::torch::view(save_mean, "save_mean"),
-                                   detops::torch::view(save_invstd, "save_invstd"), detops::torch::view(sums, "sums"),
-                                   detops::torch::view(grad_x, "grad_x"), detops::torch::context(x));
+    DeviceGuard guard(x);
+    Tensor grad_x = empty_like_format(x);  // x's memory format
+    sync_batch_norm_backward_apply(view(grad_y, "grad_y"), view(x, "x"),
+                                   view_opt(weight, "weight"), view(save_mean, "save_mean"),
+                                   view(save_invstd, "save_invstd"), view(sums, "sums"),
+                                   view(grad_x, "grad_x"), context(x));
     return grad_x;
-  });
-}
-
-// ---- Meta: shapes and dtypes only (modes validated, every tensor argument on meta) -----------
-
-at::Tensor local_scales_meta(const at::Tensor& x, const optional<at::Tensor>& grad_y,
-                             const optional<at::Tensor>& save_mean) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_local_scales";
-    const at::Tensor g = value_or_undefined(grad_y), m = value_or_undefined(save_mean);
-    require_meta(op, {{"x", &x}, {"grad_y", &g}, {"save_mean", &m}});
-    return at::empty({sync_batch_norm_scale_words(channels_of(op, "x", x), g.defined())}, int64_like(x));
-  });
-}
-
-at::Tensor merge_scales_meta(const at::Tensor& gathered) {
-  return detops::torch::guarded([&] {
-    require_dim("detops::sync_batch_norm_merge_scales", "gathered", gathered, 2, "[world, words]");
-    return at::empty({gathered.size(1)}, int64_like(gathered));
-  });
-}
-
-at::Tensor local_stats_meta(const at::Tensor& x, string_view mode, const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_local_stats";
-    const at::Tensor sc = value_or_undefined(scales);
-    require_meta(op, {{"x", &x}, {"scales", &sc}});
-    return at::empty({sync_batch_norm_record_words(channels_of(op, "x", x), parse_sync_mode(op, mode))},
-                     int64_like(x));
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> finalize_stats_meta(const at::Tensor& gathered, const optional<at::Tensor>& weight,
-                                                       const optional<at::Tensor>& running_mean,
-                                                       const optional<at::Tensor>& running_var,
-                                                       const optional<at::Tensor>& num_batches_tracked, double,
-                                                       optional<double>, string_view mode,
-                                                       const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_finalize_stats";
-    const at::Tensor w = value_or_undefined(weight), rm = value_or_undefined(running_mean),
-                     rv = value_or_undefined(running_var), n = value_or_undefined(num_batches_tracked),
-                     sc = value_or_undefined(scales);
-    require_meta(op, {{"gathered", &gathered}, {"weight", &w}, {"running_mean", &rm}, {"running_var", &rv},
-                      {"num_batches_tracked", &n}, {"scales", &sc}});
-    const int64_t C = channels_of_gathered(op, gathered, parse_sync_mode(op, mode));
-    return std::make_tuple(at::empty({C}, float64_like(gathered)), at::empty({C}, float64_like(gathered)));
-  });
-}
-
-at::Tensor apply_meta(const at::Tensor& x, const optional<at::Tensor>& weight, const optional<at::Tensor>& bias,
-                      const at::Tensor& save_mean, const at::Tensor& save_invstd) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_apply";
-    const at::Tensor w = value_or_undefined(weight), b = value_or_undefined(bias);
-    require_meta(op, {{"x", &x}, {"weight", &w}, {"bias", &b}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
-    channels_of(op, "x", x);
-    return at::empty_like(x);
-  });
-}
-
-at::Tensor local_backward_meta(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& save_mean,
-                               string_view mode, const optional<at::Tensor>& scales) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_local_backward";
-    const at::Tensor sc = value_or_undefined(scales);
-    require_meta(op, {{"grad_y", &grad_y}, {"x", &x}, {"save_mean", &save_mean}, {"scales", &sc}});
-    return at::empty({sync_batch_norm_record_words(channels_of(op, "x", x), parse_sync_mode(op, mode))},
-                     int64_like(x));
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> finalize_backward_meta(const at::Tensor& gathered, int64_t,
-                                                                      string_view mode, const at::Tensor& save_invstd,
-                                                                      const optional<at::Tensor>& scales,
-                                                                      bool weight_grad) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_finalize_backward";
-    const at::Tensor sc = value_or_undefined(scales);
-    require_meta(op, {{"gathered", &gathered}, {"save_invstd", &save_invstd}, {"scales", &sc}});
-    parse_sync_mode(op, mode);
-    require_dim(op, "save_invstd", save_invstd, 1, "[C]");
-    const int64_t C = save_invstd.size(0);
-    auto vec = [&] { return weight_grad ? at::empty({C}, float64_like(gathered)) : at::Tensor(); };
-    return std::make_tuple(at::empty({2 * C + 1}, float64_like(gathered)), vec(), vec());
-  });
-}
-
-at::Tensor backward_apply_meta(const at::Tensor& grad_y, const at::Tensor& x, const optional<at::Tensor>& weight,
-                               const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& sums) {
-  return detops::torch::guarded([&] {
-    const char* op = "detops::sync_batch_norm_backward_apply";
-    const at::Tensor w = value_or_undefined(weight);
-    require_meta(op, {{"grad_y", &grad_y}, {"x", &x}, {"weight", &w}, {"save_mean", &save_mean},
-                      {"save_invstd", &save_invstd}, {"sums", &sums}});
-    channels_of(op, "x", x);
-    return at::empty_like(x);
   });
 }
 
@@ -290,37 +197,55 @@ at::Tensor backward_apply_meta(const at::Tensor& grad_y, const at::Tensor& x, co
 
 namespace ops = detops::torch_ops;
 
+DETOPS_LIBRARY_FRAGMENT(m) {
+  // SyncBatchNorm's phases, driven by detops_torch.distributed with torch.distributed.
+  m.def("sync_batch_norm_record_words(int channels, str mode) -> int");
+  m.def("sync_batch_norm_local_scales(Tensor x, Tensor? grad_y, Tensor? save_mean) -> Tensor");
+  m.def("sync_batch_norm_merge_scales(Tensor gathered) -> Tensor");
+  m.def("sync_batch_norm_local_stats(Tensor x, str mode, Tensor? scales) -> Tensor");
+  // The mode argument is named sync_mode here (mode elsewhere): this op mutates its arguments, and
+  // torch.compile wraps such ops in auto_functionalized(_mutable_op, mode?, **kwargs), whose own
+  // `mode` parameter collides with an argument of that name (measured on torch 2.11: opcheck's
+  // test_aot_dispatch_dynamic failed). Positional calls are unaffected.
+  m.def("sync_batch_norm_finalize_stats(Tensor gathered, Tensor? weight, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float eps, float? momentum, str sync_mode, "
+        "Tensor? scales) -> (Tensor save_mean, Tensor save_invstd)");
+  m.def("sync_batch_norm_apply(Tensor x, Tensor? weight, Tensor? bias, Tensor save_mean, "
+        "Tensor save_invstd) -> Tensor");
+  m.def("sync_batch_norm_local_backward(Tensor grad_y, Tensor x, Tensor save_mean, str mode, "
+        "Tensor? scales) -> Tensor");
+  m.def("sync_batch_norm_finalize_backward(Tensor gathered, int rank, str mode, Tensor save_invstd, "
+        "Tensor? scales, bool weight_grad) -> (Tensor sums, Tensor grad_weight, Tensor grad_bias)");
+  m.def("sync_batch_norm_backward_apply(Tensor grad_y, Tensor x, Tensor? weight, Tensor save_mean, "
+        "Tensor save_invstd, Tensor sums) -> Tensor");
+}
+
 // The same kernels serve CPU and CUDA: detops runs the backend of the tensors' device.
 #define DETOPS_SBN_IMPL(m)                                                               \
-  m.impl("sync_batch_norm_local_scales", TORCH_FN(ops::local_scales_kernel));            \
-  m.impl("sync_batch_norm_merge_scales", TORCH_FN(ops::merge_scales_kernel));            \
-  m.impl("sync_batch_norm_local_stats", TORCH_FN(ops::local_stats_kernel));              \
-  m.impl("sync_batch_norm_finalize_stats", TORCH_FN(ops::finalize_stats_kernel));        \
-  m.impl("sync_batch_norm_apply", TORCH_FN(ops::apply_kernel));                          \
-  m.impl("sync_batch_norm_local_backward", TORCH_FN(ops::local_backward_kernel));        \
-  m.impl("sync_batch_norm_finalize_backward", TORCH_FN(ops::finalize_backward_kernel));  \
-  m.impl("sync_batch_norm_backward_apply", TORCH_FN(ops::backward_apply_kernel))
+  m.impl("sync_batch_norm_local_scales", DETOPS_KERNEL(ops::local_scales_kernel));            \
+  m.impl("sync_batch_norm_merge_scales", DETOPS_KERNEL(ops::merge_scales_kernel));            \
+  m.impl("sync_batch_norm_local_stats", DETOPS_KERNEL(ops::local_stats_kernel));              \
+  m.impl("sync_batch_norm_finalize_stats", DETOPS_KERNEL(ops::finalize_stats_kernel));        \
+  m.impl("sync_batch_norm_apply", DETOPS_KERNEL(ops::apply_kernel));                          \
+  m.impl("sync_batch_norm_local_backward", DETOPS_KERNEL(ops::local_backward_kernel));        \
+  m.impl("sync_batch_norm_finalize_backward", DETOPS_KERNEL(ops::finalize_backward_kernel));  \
+  m.impl("sync_batch_norm_backward_apply", DETOPS_KERNEL(ops::backward_apply_kernel))
 
-TORCH_LIBRARY_IMPL(detops, CPU, m) { DETOPS_SBN_IMPL(m); }
+DETOPS_LIBRARY_IMPL(CPU, m) { DETOPS_SBN_IMPL(m); }
+
+// No tensor argument, nothing to dispatch on: one kernel for every backend.
+DETOPS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
+  m.impl("sync_batch_norm_record_words", DETOPS_KERNEL(ops::record_words_kernel));
+}
 
 #if DETOPS_TORCH_CUDA
-TORCH_LIBRARY_IMPL(detops, CUDA, m) { DETOPS_SBN_IMPL(m); }
+DETOPS_LIBRARY_IMPL(CUDA, m) { DETOPS_SBN_IMPL(m); }
 #endif
-
-TORCH_LIBRARY_IMPL(detops, Meta, m) {
-  m.impl("sync_batch_norm_local_scales", TORCH_FN(ops::local_scales_meta));
-  m.impl("sync_batch_norm_merge_scales", TORCH_FN(ops::merge_scales_meta));
-  m.impl("sync_batch_norm_local_stats", TORCH_FN(ops::local_stats_meta));
-  m.impl("sync_batch_norm_finalize_stats", TORCH_FN(ops::finalize_stats_meta));
-  m.impl("sync_batch_norm_apply", TORCH_FN(ops::apply_meta));
-  m.impl("sync_batch_norm_local_backward", TORCH_FN(ops::local_backward_meta));
-  m.impl("sync_batch_norm_finalize_backward", TORCH_FN(ops::finalize_backward_meta));
-  m.impl("sync_batch_norm_backward_apply", TORCH_FN(ops::backward_apply_meta));
-}
 
 // No gradient of their own (the Python autograd.Function composes them): autograd passes through,
 // which also lets meta tensors reach the Meta kernels (torch 1.13 has no autograd fallback for the
 // AutogradMeta key).
+#if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   for (const char* name : {"sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
                            "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
@@ -328,3 +253,4 @@ TORCH_LIBRARY_IMPL(detops, Autograd, m) {
     m.impl(name, ::torch::CppFunction::makeFallthrough());
   }
 }
+#endif

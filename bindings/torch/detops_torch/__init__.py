@@ -1,8 +1,8 @@
 # detops_torch: detops' deterministic detection ops (RoIAlign, RoIAlignRotated, grid_sample, multi-scale deformable attention, deformable convolution, FrozenBatchNorm2d, SyncBatchNorm) as PyTorch ops and modules.
 """detops for PyTorch.
 
-``import detops_torch`` registers ``torch.ops.detops.*`` (CPU, CUDA and Meta kernels with C++
-autograd) and provides torchvision-, detectron2- and mmcv-compatible modules over them::
+``import detops_torch`` registers ``torch.ops.detops.*`` (CPU and CUDA kernels, fake kernels, autograd) and
+provides torchvision-, detectron2- and mmcv-compatible modules over them::
 
     import detops_torch
     pooled = detops_torch.roi_align(features, [boxes], output_size=7, spatial_scale=0.25,
@@ -17,8 +17,10 @@ autograd) and provides torchvision-, detectron2- and mmcv-compatible modules ove
                                                                           # its DCNv1; DeformConv2d:
                                                                           # torchvision's)
 
-The compiled op library ``_C.so`` is built for one torch version; importing it into another can
-abort the interpreter, so the version recorded at build time is checked before it is loaded.
+The compiled op library ``_C.so`` comes in two layers: the wheel's, on torch's stable ABI, serves every
+torch from its floor (2.11) up; a source build's classic layer serves the one torch it was built for
+(importing it into another can abort the interpreter). What ``_build_info.py`` recorded is checked
+before ``_C.so`` is loaded.
 """
 import glob as _glob
 import os as _os
@@ -33,17 +35,45 @@ _REBUILD = (
 )
 
 
+def _version_tuple(version: str) -> tuple:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def _check_build(build_info) -> None:
-    """Raises ImportError if the op library was built for another torch (before it is loaded)."""
+    """Raises ImportError if the op library cannot serve the installed torch (before it is loaded).
+
+    The stable-ABI library (the wheel) serves every torch from its floor up; a classic-layer
+    library (a source build) serves exactly the torch it was built against."""
+    abi = getattr(build_info, "ABI", "classic")
     built = getattr(build_info, "TORCH_VERSION", None)
-    if built != torch.__version__:
+    if abi == "stable":
+        floor = getattr(build_info, "TORCH_FLOOR", "2.11")
+        if _version_tuple(torch.__version__) < _version_tuple(floor):
+            raise ImportError(
+                f"detops_torch needs torch >= {floor} (it is built on torch's stable ABI, here against torch "
+                f"{built}) but torch {torch.__version__} is installed; upgrade torch (pip install 'torch>={floor}'), "
+                f"or build detops_torch from source for this torch: {_REBUILD}"
+            )
+    elif built != torch.__version__:
         raise ImportError(
             f"detops_torch was built for torch {built} but torch {torch.__version__} is installed; {_REBUILD}"
         )
-    if getattr(build_info, "CUDA", False) and torch.version.cuda is None:
-        raise ImportError(
-            f"detops_torch was built with CUDA but the installed torch {torch.__version__} has no CUDA; {_REBUILD}"
-        )
+    if getattr(build_info, "CUDA", False):
+        if torch.version.cuda is None:
+            raise ImportError(
+                f"detops_torch was built with CUDA but the installed torch {torch.__version__} has no CUDA; {_REBUILD}"
+            )
+        cuda_major = str(getattr(build_info, "CUDA_VERSION", "")).split(".")[0]
+        if cuda_major and torch.version.cuda.split(".")[0] != cuda_major:
+            raise ImportError(
+                f"detops_torch was built with CUDA {build_info.CUDA_VERSION} but torch {torch.__version__} uses CUDA "
+                f"{torch.version.cuda}; install the detops_torch wheel for CUDA {torch.version.cuda.split('.')[0]}, or "
+                f"{_REBUILD}"
+            )
 
 
 def _library_path() -> str:
@@ -65,6 +95,7 @@ except ImportError as _exc:
 
 _check_build(_build_info)
 torch.ops.load_library(_library_path())
+from . import _ops  # noqa: E402,F401  (fake kernels; autograd and error types for the stable layer)
 
 __version__ = getattr(_build_info, "DETOPS_VERSION", "unknown")
 

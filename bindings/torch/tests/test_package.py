@@ -10,6 +10,7 @@ import unittest
 import torch
 
 import detops_torch
+from _util import TORCH_VERSION, _version_tuple
 
 OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "roi_align_rotated",
        "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn",
@@ -46,7 +47,12 @@ class ExportsTest(unittest.TestCase):
 
         self.assertEqual(detops_torch.__version__, _build_info.DETOPS_VERSION)
         self.assertRegex(detops_torch.__version__, r"^\d+\.\d+\.\d+")
-        self.assertEqual(_build_info.TORCH_VERSION, torch.__version__)
+        if _build_info.ABI == "stable":  # one build serves every torch from the floor up
+            self.assertGreaterEqual(TORCH_VERSION, _version_tuple(_build_info.TORCH_FLOOR))
+            self.assertGreaterEqual(TORCH_VERSION, _version_tuple(_build_info.TORCH_VERSION))
+        else:  # a source build serves exactly its torch
+            self.assertEqual(_build_info.ABI, "classic")
+            self.assertEqual(_build_info.TORCH_VERSION, torch.__version__)
         header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "include", "detops",
                               "version.h")
         if os.path.exists(header):  # running from the source tree: the package reports the library's version

@@ -1,0 +1,94 @@
+# RoIAlign's fake kernels and (stable layer) autograd: roi_align, roi_align_max and their backward ops.
+import torch
+
+from .. import _registry as r
+
+BACKWARD_MODES = ("exact", "truncated", "atomic")
+TRUNCATIONS = ("float16", "bfloat16")
+
+
+def output_sizes(op, input, rois, pooled_height, pooled_width, rois_shape):
+    r.require_dim(op, "input", input, 4, "[N, C, H, W]")
+    r.require_dim(op, "rois", rois, 2, rois_shape)
+    return (rois.shape[0], input.shape[1], max(pooled_height, 0), max(pooled_width, 0))
+
+
+def check_modes(op, backward_mode, truncation):
+    r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
+    r.check_choice(op, "truncation", truncation, TRUNCATIONS)
+
+
+def grad_input_like(op, grad, batch_size, channels, height, width, channels_last):
+    r.require_dim(op, "grad", grad, 4, "[K, C, PH, PW]")
+    sizes = (batch_size, channels, height, width)
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"{op}: input sizes {list(sizes)} have a negative size")
+    return r.new_empty(grad, sizes, channels_last=channels_last)
+
+
+@r.fake("roi_align")
+def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, backward_mode="exact",
+      truncation="float16"):
+    op = "detops::roi_align"
+    r.require_meta_or_fake(op, input=input, rois=rois)
+    check_modes(op, backward_mode, truncation)
+    return input.new_empty(output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]"))
+
+
+@r.fake("roi_align_max")
+def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, backward_mode="exact",
+      truncation="float16"):
+    op = "detops::roi_align_max"
+    r.require_meta_or_fake(op, input=input, rois=rois)
+    check_modes(op, backward_mode, truncation)
+    sizes = output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]")
+    return input.new_empty(sizes), input.new_empty(sizes, dtype=torch.int32)
+
+
+@r.fake("_roi_align_backward")
+def _(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width, sampling_ratio,
+      aligned, backward_mode="exact", truncation="float16", channels_last=False):
+    op = "detops::_roi_align_backward"
+    r.require_meta_or_fake(op, grad=grad, rois=rois)
+    check_modes(op, backward_mode, truncation)
+    return grad_input_like(op, grad, batch_size, channels, height, width, channels_last)
+
+
+@r.fake("_roi_align_max_backward")
+def _(grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+      sampling_ratio, aligned, backward_mode="exact", truncation="float16", channels_last=False):
+    op = "detops::_roi_align_max_backward"
+    r.require_meta_or_fake(op, grad=grad, rois=rois, argmax=argmax)
+    check_modes(op, backward_mode, truncation)
+    return grad_input_like(op, grad, batch_size, channels, height, width, channels_last)
+
+
+# ---- autograd (stable layer): input only, rois get none; the backward ops refuse double backward
+
+def _setup(ctx, inputs, output):
+    input, rois = inputs[0], inputs[1]
+    ctx.save_for_backward(rois, output[1] if isinstance(output, tuple) else None)
+    r.saved(ctx, options=tuple(inputs[2:7]), modes=tuple(inputs[7:9]), input_shape=tuple(input.shape),
+            channels_last=r.channels_last(input))
+
+
+def _backward(ctx, needs, grad, *unused):
+    rois, argmax = ctx.saved_tensors
+    scale, ph, pw, sr, aligned = ctx.options
+    mode, truncation = ctx.modes
+    if mode == "atomic" and grad.is_cuda:
+        r.alert_not_deterministic("detops::roi_align backward with backward_mode='atomic' on CUDA")
+    n, c, h, w = ctx.input_shape
+    if argmax is None:
+        gi = torch.ops.detops._roi_align_backward(grad, rois, scale, ph, pw, n, c, h, w, sr, aligned, mode,
+                                                  truncation, ctx.channels_last)
+    else:
+        gi = torch.ops.detops._roi_align_max_backward(grad, rois, argmax, scale, ph, pw, n, c, h, w, sr, aligned,
+                                                      mode, truncation, ctx.channels_last)
+    return (gi,) + (None,) * 8
+
+
+r.autograd("roi_align", _setup, _backward)
+r.autograd("roi_align_max", _setup, _backward)
+r.autograd("_roi_align_backward", double_backward_error="detops::roi_align: double backward is not supported")
+r.autograd("_roi_align_max_backward", double_backward_error="detops::roi_align: double backward is not supported")
