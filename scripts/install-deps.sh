@@ -10,6 +10,7 @@ packages=(
   libfmt-dev libgtest-dev libbenchmark-dev           # fmt, GoogleTest (+ its sources), Google Benchmark
   libopenmpi-dev openmpi-bin                         # detops::mpi and its multi-process tests (mpirun)
   python3                                            # ctests detops_isa_symbols, detops_readme_snippets
+  python3-venv                                       # scripts/torch-venv.sh: PyPI's torch (stage 1b)
   clang libclang-rt-dev                              # test.sh stage 3: clang build, libFuzzer + ASan/UBSan
   libtorch-dev python3-torchvision python3-pytest    # the PyTorch binding (DETOPS_TORCH), its tests (ctest -L torch)
 )

@@ -4,12 +4,15 @@
 #      says otherwise), the PyTorch binding (required when libtorch-dev is installed, as
 #      install-deps.sh does where the release has it), every test: cpu, gpu (each skips without a
 #      device), consumer and torch;
+#   1b. scripts/test-wheel.sh: the wheel (stable ABI, built once against PyPI's torch 2.11, the
+#      floor), pip-installed into fresh venvs with PyPI's torch 2.11 and 2.15 (cached under
+#      ~/.cache/detops by scripts/torch-venv.sh), the binding's Python suite on each;
 #   2. build-asan/: CPU-only clang, AddressSanitizer + UBSan at -O1: every target (the tests and
 #      the libFuzzer targets of stage 3; the only clang build of the tests), then the cpu tests;
 #   3-5. scripts/reliability.sh: fuzzing (build-asan/), ThreadSanitizer (build-tsan/), and the
 #      large-tensor tests (build/, only when MemAvailable >= 14 GiB); see that script.
-# DETOPS_SKIP_SANITIZERS=1 skips stages 2-5 for a quick local run; DETOPS_SKIP_FUZZ=1,
-# DETOPS_SKIP_TSAN=1 and DETOPS_SKIP_LARGE=1 skip one of stages 3-5.
+# DETOPS_SKIP_SANITIZERS=1 skips stages 2-5 for a quick local run; DETOPS_SKIP_WHEEL=1 skips stage
+# 1b; DETOPS_SKIP_FUZZ=1, DETOPS_SKIP_TSAN=1 and DETOPS_SKIP_LARGE=1 skip one of stages 3-5.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,6 +32,15 @@ cmake --preset release -DCMAKE_CUDA_ARCHITECTURES="$arch" -DDETOPS_TORCH="$torch
 cmake --build --preset release -j "$jobs"
 ctest --preset release    # = ctest --test-dir build --output-on-failure -j2
 echo "== stage 1 done after ${SECONDS}s =="
+
+if [[ "${DETOPS_SKIP_WHEEL:-0}" == "1" ]]; then
+  echo "== stage 1b (the wheel on PyPI's torch) skipped: DETOPS_SKIP_WHEEL=1 =="
+else
+  stage_start=$SECONDS
+  echo "== stage 1b: the wheel on PyPI's torch (scripts/test-wheel.sh) =="
+  ./scripts/test-wheel.sh
+  echo "== stage 1b done in $((SECONDS - stage_start))s (${SECONDS}s in all) =="
+fi
 
 if [[ "${DETOPS_SKIP_SANITIZERS:-0}" == "1" ]]; then
   echo "== stage 2 (sanitizers) skipped: DETOPS_SKIP_SANITIZERS=1 =="

@@ -234,6 +234,18 @@ class MultiScaleRoIAlign(nn.Module):
         )
 
 
+def _tracing() -> bool:
+    """Under torch.compile, torch.export or FX tracing: what reads Python object identity or
+    version counters (the fold cache) steps aside, so the module traces without graph breaks."""
+    compiler = getattr(torch, "compiler", None)
+    for name in ("is_compiling", "is_exporting"):
+        check = getattr(compiler, name, None)
+        if check is not None and check():
+            return True
+    is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_tracing", None)
+    return bool(is_fx_tracing and is_fx_tracing())
+
+
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm2d with fixed statistics and affine parameters, computed by detops.
 
@@ -298,6 +310,8 @@ class FrozenBatchNorm2d(nn.Module):
         """The folded ``(scale, shift)`` for inputs of ``dtype`` (float64 folds in float64),
         computed once and reused until a buffer, eps, the device or the dtype changes."""
         param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if _tracing():  # the fold becomes part of the graph, same op, same bits
+            return self._fold(dtype)
         key = self._fold_key(param_dtype)
         cache = self._fold_cache
         if key is not None and cache is not None and cache[0] == key:
@@ -518,10 +532,8 @@ class _DeformableAttention(nn.Module):
         """query ``[B, Q, C]``, value ``[B, S, C]`` (batch first) -> ``[B, Q, C]``, output_proj applied."""
         bs, num_query, _ = query.shape
         _, num_value, _ = value.shape
-        num_rows = int((spatial_shapes[:, 0] * spatial_shapes[:, 1]).sum())
-        if num_rows != num_value:
-            raise ValueError(f"{owner}: spatial_shapes cover {num_rows} positions; expected the value's "
-                             f"{num_value} (sum of H * W over the levels)")
+        # spatial_shapes against the value's rows is the op's check ("spatial_shapes gives N rows in
+        # all"): reading the table here would make the module data-dependent under torch.compile.
         value = self.value_proj(value)
         if padding_mask is not None:
             value = value.masked_fill(padding_mask[..., None], 0.0)

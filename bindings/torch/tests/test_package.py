@@ -3,6 +3,7 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -92,6 +93,23 @@ class ExportsTest(unittest.TestCase):
             self.assertIsNotNone(a.default_value, f"extra argument {a.name} must have a default")
 
 
+class StableAbiTest(unittest.TestCase):
+    """The wheel's _C.so uses torch's stable ABI only: no C++ symbol of torch (at::, c10::,
+    torch::) is undefined in it, so no torch release can break it by changing one."""
+
+    @unittest.skipUnless(detops_torch._build_info.ABI == "stable", "the classic layer uses torch's C++ API")
+    @unittest.skipUnless(shutil.which("nm"), "needs binutils' nm")
+    def test_no_torch_cxx_symbol_is_undefined(self):
+        library = torch.ops.detops.roi_align.default  # loaded
+        self.assertIsNotNone(library)
+        path = detops_torch._library_path()
+        out = subprocess.run(["nm", "-D", "--undefined-only", "--demangle", path], check=True,
+                             capture_output=True, text=True).stdout
+        cxx = [line for line in out.splitlines() if re.search(r"\b(at|c10|torch|caffe2)::", line)]
+        self.assertEqual(cxx, [], f"{path} needs torch's C++ API")
+        self.assertIn("aoti_torch", out)  # the C shim is what it uses instead
+
+
 class VersionGuardTest(unittest.TestCase):
     """A _C.so built for another torch can abort the interpreter, so __init__ compares versions
     first. Simulated with a temporary copy of the package whose _build_info names another torch
@@ -141,6 +159,27 @@ class VersionGuardTest(unittest.TestCase):
     def test_missing_build_info_raises(self):
         with self.assertRaisesRegex(ImportError, "_build_info.py"):
             self._import_copy("", with_build_info=False)
+
+    def test_stable_abi_below_its_floor_raises_import_error_naming_both(self):
+        with self.assertRaises(ImportError) as ctx:
+            self._import_copy('ABI = "stable"\nTORCH_VERSION = "99.0.0"\nTORCH_FLOOR = "99.0"\nCUDA = False\n'
+                              'DETOPS_VERSION = "0.1.0"\n')
+        msg = str(ctx.exception)
+        self.assertIn("torch >= 99.0", msg)
+        self.assertIn(torch.__version__, msg)
+        self.assertIn("pip install 'torch>=99.0'", msg)  # the fix
+
+    def test_stable_abi_serves_every_torch_from_its_floor(self):
+        # A floor below the running torch and another build version: the guard lets it load.
+        with self.assertRaises(OSError):
+            self._import_copy('ABI = "stable"\nTORCH_VERSION = "2.11.0"\nTORCH_FLOOR = "1.0"\nCUDA = False\n'
+                              'DETOPS_VERSION = "0.1.0"\n')
+
+    @unittest.skipUnless(torch.version.cuda is not None, "needs a torch with CUDA")
+    def test_cuda_major_mismatch_raises(self):
+        with self.assertRaisesRegex(ImportError, "CUDA 99.0"):
+            self._import_copy(f'ABI = "stable"\nTORCH_VERSION = "2.11.0"\nTORCH_FLOOR = "1.0"\nCUDA = True\n'
+                              f'CUDA_VERSION = "99.0"\nDETOPS_VERSION = "0.1.0"\n')
 
     def test_matching_version_reaches_the_loader(self):
         # Control: with the right version the guard passes and the (bogus) library is loaded, so
