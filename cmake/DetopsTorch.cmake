@@ -287,7 +287,8 @@ if(_detops_torch_abi STREQUAL "stable")
     if(_detops_libtorch_cuda)
       set(DETOPS_WITH_TORCH_CUDA ON)
       target_link_libraries(detops_torch PRIVATE "${_detops_libtorch_cuda}")
-      target_compile_definitions(detops_torch PRIVATE DETOPS_TORCH_CUDA=1)
+      # USE_CUDA: the shim declares its CUDA functions (the current stream) only with it.
+      target_compile_definitions(detops_torch PRIVATE DETOPS_TORCH_CUDA=1 USE_CUDA=1)
     endif()
   endif()
   # The package records the floor: __init__.py refuses an older torch.

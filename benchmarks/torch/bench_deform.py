@@ -121,7 +121,7 @@ def dcn_case(channels, h, w, quick):
     variants = {
         "torchvision": lambda t, o, m, wt: torchvision.ops.deform_conv2d(t, o, wt, None, 1, 1, 1, m),
         "detops exact": lambda t, o, m, wt: detops_torch.deform_conv2d(t, o, wt, None, 1, 1, 1, m),
-        "detops atomic": lambda t, o, m, wt: detops_torch.deform_conv2d(t, o, wt, None, 1, 1, 1, m, mode="atomic"),
+        "detops atomic": lambda t, o, m, wt: detops_torch.deform_conv2d(t, o, wt, None, 1, 1, 1, m, backward_mode="atomic"),
     }
     shape = (f"input [1, {channels}, {h}, {w}], weight [{channels}, {channels}, 3, 3], stride 1, padding 1, "
              "mask, no bias")

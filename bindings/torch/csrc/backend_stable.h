@@ -26,9 +26,10 @@
 #include "detops/detops.h"
 
 #if DETOPS_TORCH_CUDA
-// aoti_torch_get_current_cuda_stream is declared for CUDA builds of the shim only.
+// The shim declares aoti_torch_get_current_cuda_stream only with USE_CUDA defined before its
+// first inclusion (torch's stable headers include it): cmake/DetopsTorch.cmake defines it.
 #ifndef USE_CUDA
-#define USE_CUDA 1
+#error "the stable layer's CUDA kernels need USE_CUDA defined on the command line"
 #endif
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #endif

@@ -117,7 +117,7 @@ class DeformConv2d(_dnn._MmcvDeformConv2d):
     mmcv's constructor ``(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
     groups=1, deform_groups=1, bias=False, im2col_step=32)`` (``bias`` must be False; the
     deprecated ``deformable_groups`` is accepted with a warning), its Kaiming-uniform (ReLU)
-    initialisation, state dict (``weight`` only) and repr; the keyword-only ``mode`` is the
+    initialisation, state dict (``weight`` only) and repr; the keyword-only ``backward_mode`` is the
     backward mode. ``forward(x, offset)``: offset ``[N, 2 * deform_groups * kh * kw, Ho, Wo]``,
     (y, x) per tap. Like mmcv, an input smaller than the kernel is padded with zeros at the bottom
     and right (the offset too) and the output cropped back, and the input and weight are cast to
@@ -141,7 +141,7 @@ class ModulatedDeformConv2d(_dnn._MmcvModulatedDeformConv2d):
     mmcv's constructor ``(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
     groups=1, deform_groups=1, bias=True)`` (the deprecated ``deformable_groups`` is accepted with
     a warning), its initialisation (uniform in +-1 / sqrt(in_channels * kh * kw), zero bias), state
-    dict and repr (nn.Module's); the keyword-only ``mode`` is the backward mode.
+    dict and repr (nn.Module's); the keyword-only ``backward_mode`` is the backward mode.
     ``forward(x, offset, mask)``: offset ``[N, 2 * deform_groups * kh * kw, Ho, Wo]`` ((y, x) per
     tap), mask ``[N, deform_groups * kh * kw, Ho, Wo]``; the input, weight, bias and mask are cast
     to the offset's dtype, as mmcv does."""

@@ -88,7 +88,7 @@ def _mmcv_roi_align(m: nn.Module, opts) -> nn.Module:
 def _tv_deform_conv2d(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.DeformConv2d(
         m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
-        bias=m.bias is not None, mode=_gather_mode(opts)))
+        bias=m.bias is not None, backward_mode=_gather_mode(opts)))
     return _take(new, m, ("weight", "bias"))
 
 
@@ -109,7 +109,7 @@ def _mmcv_deform_conv(cls, taken: Tuple[str, ...]) -> Callable[[nn.Module, Dict[
     def build(m: nn.Module, opts) -> nn.Module:
         extra = {"bias": m.bias is not None} if "bias" in taken else {"im2col_step": m.im2col_step}
         new = _built_quietly(lambda: cls(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
-                                         m.dilation, m.groups, m.deform_groups, mode=_gather_mode(opts), **extra))
+                                         m.dilation, m.groups, m.deform_groups, backward_mode=_gather_mode(opts), **extra))
         return _take(new, m, taken)
 
     return build
@@ -118,14 +118,14 @@ def _mmcv_deform_conv(cls, taken: Tuple[str, ...]) -> Callable[[nn.Module, Dict[
 def _mmcv_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.MultiScaleDeformableAttention(
         m.embed_dims, m.num_heads, m.num_levels, m.num_points, m.im2col_step, m.dropout.p, m.batch_first,
-        getattr(m, "norm_cfg", None), getattr(m, "init_cfg", None), mode=_gather_mode(opts)))
+        getattr(m, "norm_cfg", None), getattr(m, "init_cfg", None), backward_mode=_gather_mode(opts)))
     # value_proj and output_proj come with their shapes (value_proj_ratio is in them)
     return _take(new, m, ("sampling_offsets", "attention_weights", "value_proj", "output_proj", "dropout"))
 
 
 def _detr_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.MSDeformAttn(m.d_model, m.n_levels, m.n_heads, m.n_points,
-                                                   mode=_gather_mode(opts)))
+                                                   backward_mode=_gather_mode(opts)))
     new.im2col_step = m.im2col_step
     return _take(new, m, ("sampling_offsets", "attention_weights", "value_proj", "output_proj"))
 

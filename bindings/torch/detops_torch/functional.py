@@ -13,8 +13,8 @@ format of the truncated mode and the pooling mode (``"max"`` is mmcv's max pooli
 nearest) plus the keyword-only ``backward_mode``; ``point_sample`` is detectron2's (and
 Mask2Former's) helper over it. ``ms_deform_attn`` takes the arguments of Deformable-DETR's
 ``MSDeformAttnFunction`` and mmcv's ``MultiScaleDeformableAttnFunction`` (without ``im2col_step``)
-plus ``mode``. ``deform_conv2d`` has ``torchvision.ops.deform_conv2d``'s signature (DCNv1, and
-DCNv2 with a mask) plus the keyword-only ``mode``. Their backward modes: ``"exact"`` (bitwise
+plus ``backward_mode``. ``deform_conv2d`` has ``torchvision.ops.deform_conv2d``'s signature (DCNv1,
+and DCNv2 with a mask) plus the keyword-only ``backward_mode``. Their backward modes: ``"exact"`` (bitwise
 reproducible, the default) or ``"atomic"`` (the anchors' scatter; not reproducible on GPUs).
 """
 import warnings
@@ -65,6 +65,16 @@ def _sizes(t: Tensor) -> str:
     for s in t.shape:
         parts.append(str(s))
     return "[" + ", ".join(parts) + "]"
+
+
+def resolve_backward_mode(owner: str, backward_mode: str, mode: Optional[str]) -> str:
+    """``backward_mode``, or the value of the deprecated ``mode`` keyword it replaced (0.1.x)."""
+    if mode is not None:
+        warnings.warn(f"{owner}: the keyword `mode` is now `backward_mode` (its name in every detops op); "
+                      "`mode` will be removed", DeprecationWarning, stacklevel=3)
+        backward_mode = mode
+    check_choice(owner, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+    return backward_mode
 
 
 def check_choice(owner: str, name: str, value: str, allowed: Tuple[str, ...]) -> None:
@@ -338,7 +348,7 @@ def ms_deform_attn(
     value_level_start_index: Tensor,
     sampling_locations: Tensor,
     attention_weights: Tensor,
-    mode: str = "exact",
+    backward_mode: str = "exact",
 ) -> Tensor:
     """Multi-scale deformable attention (Deformable DETR), computed by detops.
 
@@ -351,15 +361,15 @@ def ms_deform_attn(
             dtype.
         attention_weights: ``[B, Q, M, L, P]`` in the value's dtype (not cast: mmcv's Function casts
             it; the modules here do the same).
-        mode: ``"exact"`` (bitwise reproducible, the default) or ``"atomic"`` (the anchors'
-            scatter of the value gradient; not reproducible on GPUs).
+        backward_mode: ``"exact"`` (bitwise reproducible, the default) or ``"atomic"`` (the
+            anchors' scatter of the value gradient; not reproducible on GPUs).
 
     Returns:
         ``[B, Q, M * D]`` in the value's dtype. Gradients flow to ``value``,
         ``sampling_locations`` and ``attention_weights``, each computed only when needed.
     """
     return torch.ops.detops.ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
-                                           attention_weights, mode)
+                                           attention_weights, backward_mode)
 
 
 def _deform_groups(input: Tensor, offset: Tensor, weight: Tensor) -> Tuple[int, int]:
@@ -391,16 +401,16 @@ def _deform_conv2d(
     padding: Tuple[int, int],
     dilation: Tuple[int, int],
     mask: Optional[Tensor],
-    mode: str,
+    backward_mode: str,
 ) -> Tensor:
     # All-positional form of deform_conv2d, for the modules (TorchScript 1.13 rejects keyword-only
-    # arguments with defaults). The op validates the rest, mode included.
+    # arguments with defaults). The op validates the rest, backward_mode included.
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
     groups, offset_groups = _deform_groups(input, offset, weight)
     return torch.ops.detops.deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h,
-                                          dil_w, groups, offset_groups, mask is not None, mode)
+                                          dil_w, groups, offset_groups, mask is not None, backward_mode)
 
 
 def _autocast_args(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
@@ -435,12 +445,12 @@ def _deform_conv2d_autocast(
     padding: Tuple[int, int],
     dilation: Tuple[int, int],
     mask: Optional[Tensor],
-    mode: str,
+    backward_mode: str,
 ) -> Tensor:
     # _deform_conv2d after _autocast_args: the eager path of the function and the modules (a
     # scripted module calls _deform_conv2d directly).
     input, offset, weight, bias, mask = _autocast_args([input, offset, weight, bias, mask])
-    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, mode)
+    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
 
 
 @torch.fx.wrap
@@ -454,7 +464,8 @@ def deform_conv2d(
     dilation: Tuple[int, int] = (1, 1),
     mask: Optional[Tensor] = None,
     *,
-    mode: str = "exact",
+    backward_mode: str = "exact",
+    mode: Optional[str] = None,
 ) -> Tensor:
     """Deformable convolution, ``torchvision.ops.deform_conv2d``'s signature and semantics,
     computed by detops: DCNv1 without ``mask``, DCNv2 (modulated) with it.
@@ -468,9 +479,10 @@ def deform_conv2d(
         bias: ``[Cout]`` or None.
         stride, padding, dilation: ``int`` or ``(h, w)``, as torchvision.
         mask: ``[N, offset_groups * kh * kw, Ho, Wo]`` modulation (DCNv2) or None (DCNv1).
-        mode: ``"exact"`` (bitwise reproducible gradients, the default) or ``"atomic"`` (the
-            anchors' scatter of grad_input; not reproducible on GPUs, where it raises torch's
+        backward_mode: ``"exact"`` (bitwise reproducible gradients, the default) or ``"atomic"``
+            (the anchors' scatter of grad_input; not reproducible on GPUs, where it raises torch's
             nondeterminism alert). The forward and the other gradients are the same in both.
+            (``mode``: its deprecated name.)
 
     All tensors share the input's dtype and device (under ``torch.autocast`` they are cast to the
     autocast dtype first, as for a convolution). 16-bit inputs run natively (float32 accumulation,
@@ -483,5 +495,5 @@ def deform_conv2d(
     TorchScript does not compile keyword-only arguments; scripted code uses
     :class:`detops_torch.DeformConv2d` or ``torch.ops.detops.deform_conv2d``.
     """
-    check_choice("deform_conv2d", "mode", mode, GATHER_BACKWARD_MODES)
-    return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, mode)
+    backward_mode = resolve_backward_mode("deform_conv2d", backward_mode, mode)
+    return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)

@@ -32,7 +32,7 @@
 
 Every RoI module (rotated or not) also takes the keyword-only ``backward_mode`` (default
 ``"exact"``) and ``truncation``; the attention and deformable convolution modules take the
-keyword-only ``mode`` (``"exact"`` or ``"atomic"``).
+keyword-only ``backward_mode`` (``"exact"`` or ``"atomic"``).
 """
 import copy
 import functools
@@ -46,7 +46,8 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from .functional import (GATHER_BACKWARD_MODES, _deform_conv2d, _deform_conv2d_autocast, _roi_align,
-                         _roi_align_rotated, boxes_to_rois, check_choice, check_roi_options, ms_deform_attn)
+                         _roi_align_rotated, boxes_to_rois, check_choice, check_roi_options, ms_deform_attn,
+                         resolve_backward_mode)
 
 # torch.fx.wrap patches a function in the globals of the module that registers it; these two
 # (leaves of a traced graph: they branch on shapes and autocast state) are called from here.
@@ -486,11 +487,11 @@ class _DeformableAttention(nn.Module):
     the same arithmetic, in the anchors' order, around :func:`detops_torch.functional.ms_deform_attn`."""
 
     def __init__(self, owner: str, embed_dims: int, num_heads: int, num_levels: int, num_points: int,
-                 value_dims: int, mode: str):
+                 value_dims: int, backward_mode: str, mode: Optional[str] = None):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f"{owner}: embed_dims {embed_dims} is not divisible by num_heads {num_heads}")
-        check_choice(owner, "mode", mode, GATHER_BACKWARD_MODES)
+        backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         head_dims = embed_dims // num_heads
         if head_dims & (head_dims - 1) != 0:
             # The anchors' CUDA kernels prefer it; detops does not care, but the warning keeps
@@ -500,7 +501,7 @@ class _DeformableAttention(nn.Module):
         self.num_heads = num_heads
         self.num_levels = num_levels
         self.num_points = num_points
-        self.mode = mode
+        self.backward_mode = backward_mode
         self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_levels * num_points * 2)
         self.attention_weights = nn.Linear(embed_dims, num_heads * num_levels * num_points)
         self.value_proj = nn.Linear(embed_dims, value_dims)
@@ -557,7 +558,7 @@ class _DeformableAttention(nn.Module):
         # Under autocast the softmax stays float32 while the projected value is 16-bit; mmcv casts
         # the weights to the value's dtype, as here (detops takes float32 locations as they are).
         output = ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights.to(value.dtype),
-                                self.mode)
+                                self.backward_mode)
         return self.output_proj(output)
 
 
@@ -575,9 +576,9 @@ class MultiScaleDeformableAttention(_DeformableAttention):
     def __init__(self, embed_dims: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4,
                  im2col_step: int = 64, dropout: float = 0.1, batch_first: bool = False,
                  norm_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None, value_proj_ratio: float = 1.0,
-                 *, mode: str = "exact"):
+                 *, backward_mode: str = "exact", mode: Optional[str] = None):
         super().__init__(type(self).__name__, embed_dims, num_heads, num_levels, num_points,
-                         int(embed_dims * value_proj_ratio), mode)
+                         int(embed_dims * value_proj_ratio), backward_mode, mode)
         self.embed_dims = embed_dims
         self.im2col_step = im2col_step
         self.dropout = nn.Dropout(dropout)
@@ -628,8 +629,8 @@ class MSDeformAttn(_DeformableAttention):
     no residual, no dropout). Scriptable with ``torch.jit.script``."""
 
     def __init__(self, d_model: int = 256, n_levels: int = 4, n_heads: int = 8, n_points: int = 4, *,
-                 mode: str = "exact"):
-        super().__init__(type(self).__name__, d_model, n_heads, n_levels, n_points, d_model, mode)
+                 backward_mode: str = "exact", mode: Optional[str] = None):
+        super().__init__(type(self).__name__, d_model, n_heads, n_levels, n_points, d_model, backward_mode, mode)
         self.im2col_step = 64
         self.d_model = d_model
         self.n_levels = n_levels
@@ -655,19 +656,19 @@ class DeformConv2d(nn.Module):
     Same constructor, parameters (``weight`` ``[out_channels, in_channels / groups, kh, kw]``,
     ``bias`` or None), initialisation (:meth:`reset_parameters`: the same random draws, so the same
     seed gives the same tensors), state dict and repr; ``forward(input, offset, mask=None)`` as
-    :func:`detops_torch.deform_conv2d` (DCNv2 when a mask is given). The keyword-only ``mode``
-    (``"exact"`` or ``"atomic"``) is the backward mode. Scriptable with ``torch.jit.script``.
+    :func:`detops_torch.deform_conv2d` (DCNv2 when a mask is given). The keyword-only
+    ``backward_mode`` (``"exact"`` or ``"atomic"``; ``mode``: its deprecated name) is the backward mode. Scriptable with ``torch.jit.script``.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
-                 dilation: int = 1, groups: int = 1, bias: bool = True, *, mode: str = "exact"):
+                 dilation: int = 1, groups: int = 1, bias: bool = True, *, backward_mode: str = "exact", mode: Optional[str] = None):
         super().__init__()
         owner = type(self).__name__
         if in_channels % groups != 0:
             raise ValueError(f"{owner}: in_channels {in_channels} is not divisible by groups {groups}")
         if out_channels % groups != 0:
             raise ValueError(f"{owner}: out_channels {out_channels} is not divisible by groups {groups}")
-        check_choice(owner, "mode", mode, GATHER_BACKWARD_MODES)
+        backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size)
@@ -675,7 +676,7 @@ class DeformConv2d(nn.Module):
         self.padding = _pair(padding)
         self.dilation = _pair(dilation)
         self.groups = groups
-        self.mode = mode
+        self.backward_mode = backward_mode
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, self.kernel_size[0],
                                                self.kernel_size[1]))
         if bias:
@@ -698,9 +699,9 @@ class DeformConv2d(nn.Module):
         ``[N, offset_groups * kh * kw, Ho, Wo]`` or None -> ``[N, Cout, Ho, Wo]``."""
         if torch.jit.is_scripting():
             return _deform_conv2d(input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                                  mask, self.mode)
+                                  mask, self.backward_mode)
         return _deform_conv2d_autocast(input, offset, self.weight, self.bias, self.stride, self.padding,
-                                       self.dilation, mask, self.mode)
+                                       self.dilation, mask, self.backward_mode)
 
     def __repr__(self) -> str:
         # torchvision's: the non-default options only.
@@ -719,7 +720,8 @@ class _MmcvDeformConv(nn.Module):
     constructor's checks and attributes, the offset conv of the Packs, and mmcv's dtype rule."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]], stride,
-                 padding, dilation, groups: int, deform_groups: int, mode: str):
+                 padding, dilation, groups: int, deform_groups: int, backward_mode: str,
+                 mode: Optional[str] = None):
         super().__init__()
         owner = type(self).__name__
         # mmcv checks none of these or asserts them (a bad value fails in its kernel); here they
@@ -729,7 +731,7 @@ class _MmcvDeformConv(nn.Module):
                                             ("in_channels", in_channels, "deform_groups", deform_groups)):
             if parts <= 0 or channels % parts != 0:
                 raise ValueError(f"{owner}: {name} {channels} is not divisible by {what} {parts}")
-        check_choice(owner, "mode", mode, GATHER_BACKWARD_MODES)
+        backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _pair(kernel_size)
@@ -741,7 +743,7 @@ class _MmcvDeformConv(nn.Module):
         # mmcv keeps these for code that treats the layer as an nn.Conv2d.
         self.transposed = False
         self.output_padding = (0,)
-        self.mode = mode
+        self.backward_mode = backward_mode
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
 
     def _offset_conv(self, channels_per_tap: int) -> nn.Conv2d:
@@ -761,7 +763,7 @@ class _MmcvDeformConv(nn.Module):
             bias = bias.type_as(x)
         if mask is not None:
             mask = mask.type_as(x)
-        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.mode)
+        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.backward_mode)
 
 
 class _MmcvDeformConv2d(_MmcvDeformConv):
@@ -770,12 +772,12 @@ class _MmcvDeformConv2d(_MmcvDeformConv):
     @_renamed_kwargs({"deformable_groups": "deform_groups"}, "DeformConv2d")
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
-                 bias: bool = False, im2col_step: int = 32, *, mode: str = "exact"):
+                 bias: bool = False, im2col_step: int = 32, *, backward_mode: str = "exact", mode: Optional[str] = None):
         if bias:
             raise ValueError(f"{type(self).__name__}: bias={bias!r} is not supported (mmcv's DCNv1 has no bias; "
                              "the modulated one has)")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         mode)
+                         backward_mode, mode)
         self.im2col_step = im2col_step
         self.reset_parameters()
 
@@ -797,9 +799,9 @@ class _MmcvModulatedDeformConv2d(_MmcvDeformConv):
     @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
-                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+                 bias: Union[bool, str] = True, *, backward_mode: str = "exact", mode: Optional[str] = None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         mode)
+                         backward_mode, mode)
         if bias:  # mmcv: any truthy value, its documented "auto" included
             self.bias = nn.Parameter(torch.empty(out_channels))
         else:
@@ -849,15 +851,15 @@ class DeformConv2dPack(_OffsetConvCheckpoints, _MmcvDeformConv2d):
     renamed on load, as mmcv does). ``forward(x)``: ``offset = conv_offset(x)``
     (``deform_groups * 2 * kh * kw`` channels, (y, x) per tap as torchvision's) goes to
     :func:`detops_torch.deform_conv2d` without a mask. Like mmcv, the input and weight are cast
-    to the offset's dtype. The keyword-only ``mode`` is the backward mode.
+    to the offset's dtype. The keyword-only ``backward_mode`` is the backward mode (``mode``: its deprecated name).
     """
 
     @_renamed_kwargs({"deformable_groups": "deform_groups"}, "DeformConv2d")
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
-                 bias: bool = False, im2col_step: int = 32, *, mode: str = "exact"):
+                 bias: bool = False, im2col_step: int = 32, *, backward_mode: str = "exact", mode: Optional[str] = None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         bias, im2col_step, mode=mode)
+                         bias, im2col_step, backward_mode=backward_mode, mode=mode)
         self.conv_offset = self._offset_conv(2)
         self.init_offset()
 
@@ -888,18 +890,18 @@ class ModulatedDeformConv2dPack(_OffsetConvCheckpoints, _MmcvModulatedDeformConv
     the concatenated ``offset`` goes to detops unchanged and an mmcv checkpoint gives mmcv's output
     (the y offsets are thus the even channels of the two first thirds, not the first third).
     Like mmcv, the input, weight, bias and mask are cast to the offset's dtype (under autocast the
-    offset conv's output is 16-bit). The keyword-only ``mode`` is the backward mode.
+    offset conv's output is 16-bit). The keyword-only ``backward_mode`` is the backward mode (``mode``: its deprecated name).
     """
 
     @_renamed_kwargs({"deformable_groups": "deform_groups"}, "ModulatedDeformConv2d")
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Union[int, Tuple[int, int]],
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
-                 bias: Union[bool, str] = True, *, mode: str = "exact"):
+                 bias: Union[bool, str] = True, *, backward_mode: str = "exact", mode: Optional[str] = None):
         # mmcv draws the weight (ModulatedDeformConv2d's constructor), builds conv_offset
         # (nn.Conv2d's own initial draws) and draws the weight again: the same sequence here, so
         # one seed gives mmcv's tensors.
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
-                         bias, mode=mode)
+                         bias, backward_mode=backward_mode, mode=mode)
         self.conv_offset = self._offset_conv(3)
         self.init_weights()
 

@@ -356,7 +356,7 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         detops_torch.convert(model, backward_mode="atomic")
         self.assertTrue(torch.equal(torch.get_rng_state(), rng), "conversion moved the global random stream")
         self.assertIs(type(model.dcn), detops_torch.ModulatedDeformConv2dPack)
-        self.assertEqual((model.dcn.deform_groups, model.dcn.groups, model.dcn.dilation, model.dcn.mode),
+        self.assertEqual((model.dcn.deform_groups, model.dcn.groups, model.dcn.dilation, model.dcn.backward_mode),
                          (2, 2, (2, 2), "atomic"))
         self.assertIsNone(model.dcn_nobias.bias)
         for k, v in model.named_parameters():
@@ -366,7 +366,7 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         assert_bitwise_equal(self, model.dcn_nobias(x), ref[1], "ModulatedDeformConv2dPack without bias")
         v1 = model.dcn_v1
         self.assertIs(type(v1), detops_torch.DeformConv2dPack)
-        self.assertEqual((v1.deform_groups, v1.groups, v1.stride, v1.dilation, v1.im2col_step, v1.mode),
+        self.assertEqual((v1.deform_groups, v1.groups, v1.stride, v1.dilation, v1.im2col_step, v1.backward_mode),
                          (2, 2, (2, 2), (2, 2), 8, "atomic"))
         assert_bitwise_equal(self, v1(x), ref[2], "DeformConv2dPack")
 
@@ -386,7 +386,7 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         detops_torch.convert(model, backward_mode="atomic")
         self.assertIs(type(model["v1"]), compat.DeformConv2d)
         self.assertIs(type(model["v2"]), compat.ModulatedDeformConv2d)
-        self.assertEqual((model["v1"].deform_groups, model["v1"].groups, model["v1"].im2col_step, model["v1"].mode),
+        self.assertEqual((model["v1"].deform_groups, model["v1"].groups, model["v1"].im2col_step, model["v1"].backward_mode),
                          (2, 2, 4, "atomic"))
         self.assertIsNone(model["v2"].bias)
         for k, v in model.named_parameters():
@@ -409,7 +409,7 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
         self.assertIs(type(model[0]), detops_torch.DeformConv2d)
         self.assertIs(type(model[1][0]), detops_torch.DeformConv2d)
         self.assertIs(model[0].weight, weight)
-        self.assertEqual((model[0].stride, model[0].padding, model[0].groups, model[0].mode), ((2, 2), (1, 1), 2,
+        self.assertEqual((model[0].stride, model[0].padding, model[0].groups, model[0].backward_mode), ((2, 2), (1, 1), 2,
                                                                                               "exact"))
         self.assertIsNone(model[1][0].bias)
         got = model[1][0](model[0](x, off0, mask0), off1)

@@ -57,7 +57,7 @@ def _run(fn, x, offset, weight, bias, mask, grad):
 
 
 def _detops(stride=(1, 1), padding=(1, 1), dilation=(1, 1), mode="exact"):
-    return lambda x, o, w, b, m: detops_torch.deform_conv2d(x, o, w, b, stride, padding, dilation, m, mode=mode)
+    return lambda x, o, w, b, m: detops_torch.deform_conv2d(x, o, w, b, stride, padding, dilation, m, backward_mode=mode)
 
 
 def _torchvision(stride=(1, 1), padding=(1, 1), dilation=(1, 1)):
@@ -126,6 +126,24 @@ class TorchvisionParityTest(unittest.TestCase):
                 self.assertLessEqual(max_rel_error(a, b), tol, f"{what} {dtype}")
 
 
+class BackwardModeNameTest(unittest.TestCase):
+    """The option is `backward_mode` in every layer; the 0.1 spelling `mode` still works, warned."""
+
+    def test_deprecated_mode_keyword_still_selects_the_backward_mode(self):
+        x, offset, weight, bias, mask = _case(0, torch.float64)[:5]
+        with self.assertWarnsRegex(DeprecationWarning, "backward_mode"):
+            old = detops_torch.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask, mode="atomic")
+        new = detops_torch.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask, backward_mode="atomic")
+        assert_bitwise_equal(self, old, new, "mode= and backward_mode= are the same option")
+        for cls in (detops_torch.DeformConv2d, detops_torch.ModulatedDeformConv2dPack, detops_torch.DeformConv2dPack):
+            with self.subTest(cls=cls.__name__), self.assertWarnsRegex(DeprecationWarning, "backward_mode"):
+                self.assertEqual(cls(4, 6, 3, mode="atomic").backward_mode, "atomic")
+        with self.assertWarnsRegex(DeprecationWarning, "backward_mode"):
+            self.assertEqual(detops_torch.MSDeformAttn(8, 2, 2, 2, mode="atomic").backward_mode, "atomic")
+        with self.assertRaisesRegex(ValueError, "backward_mode is 'fast'"):
+            detops_torch.DeformConv2d(4, 6, 3, backward_mode="fast")
+
+
 class GradientTest(unittest.TestCase):
     def test_gradcheck_both_modes(self):
         for mode, (name, opts) in itertools.product(F.GATHER_BACKWARD_MODES, [
@@ -139,7 +157,7 @@ class GradientTest(unittest.TestCase):
             def fn(*tensors):
                 x_, o_, w_, b_ = tensors[:4]
                 m_ = tensors[4] if len(tensors) > 4 else None
-                return detops_torch.deform_conv2d(x_, o_, w_, b_, mask=m_, mode=mode, **geometry)
+                return detops_torch.deform_conv2d(x_, o_, w_, b_, mask=m_, backward_mode=mode, **geometry)
 
             self.assertTrue(torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6), f"{name} {mode}")
 
@@ -258,14 +276,14 @@ class DeformConv2dModuleTest(unittest.TestCase):
                 self.assertLessEqual(max_rel_error(ours(x, offset, m), ref), 1e-14, f"{cin, cout, k} {kwargs}")
 
     def test_torchscript_and_mode(self):
-        m = detops_torch.DeformConv2d(4, 6, 3, padding=1, mode="atomic")
+        m = detops_torch.DeformConv2d(4, 6, 3, padding=1, backward_mode="atomic")
         x, offset, _, _, mask, _ = _case(60, dtype=torch.float32)
         scripted = torch.jit.script(m)
         assert_bitwise_equal(self, scripted(x, offset, mask), m(x, offset, mask), "scripted")
         assert_bitwise_equal(self, scripted(x, offset), m(x, offset), "scripted, no mask")
-        self.assertEqual(m.mode, "atomic")
+        self.assertEqual(m.backward_mode, "atomic")
         with self.assertRaisesRegex(ValueError, "mode.*'truncated'"):
-            detops_torch.DeformConv2d(4, 6, 3, mode="truncated")
+            detops_torch.DeformConv2d(4, 6, 3, backward_mode="truncated")
         with self.assertRaisesRegex(ValueError, "in_channels 4 is not divisible by groups 3"):
             detops_torch.DeformConv2d(4, 6, 3, groups=3)
 
@@ -349,7 +367,7 @@ def _check_deprecated_keyword_and_script(test, cls):
         pack = cls(4, 6, 3, padding=1, deformable_groups=2)
     test.assertEqual(pack.deform_groups, 2)
     test.assertEqual(len([w for w in caught if issubclass(w.category, DeprecationWarning)]), 1)
-    pack = _randomised_pack(cls, 4, 6, 3, padding=1, mode="atomic").float()
+    pack = _randomised_pack(cls, 4, 6, 3, padding=1, backward_mode="atomic").float()
     x = torch.randn(2, 4, 8, 9)
     assert_bitwise_equal(test, torch.jit.script(pack)(x), pack(x), "scripted")
 
@@ -467,7 +485,7 @@ class ModulatedDeformConv2dPackTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "deform_groups 3"):
             detops_torch.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=3)
         with self.assertRaisesRegex(ValueError, "mode"):
-            detops_torch.ModulatedDeformConv2dPack(4, 6, 3, mode="fast")
+            detops_torch.ModulatedDeformConv2dPack(4, 6, 3, backward_mode="fast")
 
     def test_gradients_and_autocast(self):
         pack = self._randomised(4, 6, 3, padding=1).float()
@@ -544,7 +562,7 @@ class DeformConv2dPackTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "out_channels 6 is not divisible by groups 4"):
             detops_torch.DeformConv2dPack(4, 6, 3, groups=4)
         with self.assertRaisesRegex(ValueError, "mode"):
-            detops_torch.DeformConv2dPack(4, 6, 3, mode="fast")
+            detops_torch.DeformConv2dPack(4, 6, 3, backward_mode="fast")
 
     def test_gradients_reproducibility_and_autocast(self):
         pack = _randomised_pack(detops_torch.DeformConv2dPack, 4, 6, 3, padding=1).float()
@@ -627,7 +645,7 @@ class MmcvPlainLayersTest(unittest.TestCase):
         self.assertEqual(int((v2.bias != 0).sum()), 0)
 
     def test_script_gradients_and_errors(self):
-        layer = compat.DeformConv2d(4, 6, 3, padding=1, mode="atomic")
+        layer = compat.DeformConv2d(4, 6, 3, padding=1, backward_mode="atomic")
         x, offset, mask = (t.float() for t in self._inputs(layer, 8, 9))
         assert_bitwise_equal(self, torch.jit.script(layer)(x, offset), layer(x, offset), "scripted DeformConv2d")
         mod = compat.ModulatedDeformConv2d(4, 6, 3, padding=1)
@@ -674,7 +692,7 @@ class MetaAndScriptTest(unittest.TestCase):
         self.assertIn("detops::deform_conv2d", str(scripted.graph))
         scripted_fn = torch.jit.script(F._deform_conv2d)
         assert_bitwise_equal(self, scripted_fn(x, offset, weight, None, (1, 1), (1, 1), (1, 1), mask, "atomic"),
-                             detops_torch.deform_conv2d(x, offset, weight, None, 1, 1, 1, mask, mode="atomic"),
+                             detops_torch.deform_conv2d(x, offset, weight, None, 1, 1, 1, mask, backward_mode="atomic"),
                              "scripted positional form")
 
     def test_fx_symbolic_trace(self):
@@ -740,7 +758,7 @@ class BadInputTest(unittest.TestCase):
             ("dilation.*positive", lambda: dc(x, offset, weight, bias, dilation=(1, -1), padding=1)),
             ("padding.*>= 0", lambda: dc(x, offset, weight, bias, padding=-1)),
             ("no output position", lambda: dc(x[:, :, :1], offset, weight, bias)),
-            ("mode.*'truncated'", lambda: dc(x, offset, weight, bias, padding=1, mode="truncated")),
+            ("mode.*'truncated'", lambda: dc(x, offset, weight, bias, padding=1, backward_mode="truncated")),
             ("mode.*'Exact'", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True, "Exact")),
             ("groups is 2", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 2, 1, True)),
             ("offset_groups is 2", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 2, True)),
@@ -796,7 +814,7 @@ class CudaTest(unittest.TestCase):
     def test_atomic_mode_raises_the_nondeterminism_alert(self):
         x, offset, weight, bias, mask, _ = [t.cuda() for t in _case(102, dtype=torch.float32)]
         x.requires_grad_(True)
-        out = detops_torch.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask, mode="atomic")
+        out = detops_torch.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask, backward_mode="atomic")
         old = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)
         try:

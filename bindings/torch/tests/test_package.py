@@ -190,3 +190,45 @@ class VersionGuardTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PythonLayerTest(unittest.TestCase):
+    """What the stable layer does in Python because the stable ABI cannot carry it."""
+
+    def test_nondeterminism_alert_follows_torch_mode(self):
+        from detops_torch import _registry
+
+        was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        self.addCleanup(torch.use_deterministic_algorithms, was, warn_only=warn_only)
+        torch.use_deterministic_algorithms(False)
+        _registry.alert_not_deterministic("detops::x backward")  # off: nothing
+        torch.use_deterministic_algorithms(True)
+        with self.assertRaisesRegex(RuntimeError, r"detops::x backward does not have a deterministic implementation"):
+            _registry.alert_not_deterministic("detops::x backward")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with self.assertWarnsRegex(UserWarning, "backward_mode='exact'"):
+            _registry.alert_not_deterministic("detops::x backward")
+
+    def test_tagged_errors_become_the_classic_types(self):
+        from detops_torch import _registry
+
+        self.assertIsInstance(_registry.translated(RuntimeError("[detops:ValueError] detops::op: x is bad")), ValueError)
+        self.assertEqual(str(_registry.translated(RuntimeError("[detops:ValueError] detops::op: x is bad"))),
+                         "detops::op: x is bad")
+        oom = _registry.translated(RuntimeError("[detops:OutOfMemoryError] detops::op: 8 GiB"))
+        self.assertIsInstance(oom, getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError)
+        plain = RuntimeError("something else")
+        self.assertIs(_registry.translated(plain), plain)
+
+    def test_errors_through_every_entry_are_value_errors(self):
+        # Through the op directly, with and without autograd, and through its backward op.
+        x = torch.randn(1, 2, 5, 5, requires_grad=True)
+        rois = torch.tensor([[0.0, 0, 0, 3, 3]])
+        with self.assertRaisesRegex(ValueError, "backward_mode"):
+            torch.ops.detops.roi_align(x, rois, 1.0, 2, 2, 2, True, "bogus")
+        with torch.no_grad(), self.assertRaisesRegex(ValueError, "backward_mode"):
+            torch.ops.detops.roi_align(x, rois, 1.0, 2, 2, 2, True, "bogus")
+        with self.assertRaisesRegex(ValueError, "rois"):
+            torch.ops.detops.roi_align(x, rois[:, :4], 1.0, 2, 2, 2, True)
+        with self.assertRaisesRegex(ValueError, "grad"):
+            torch.ops.detops._roi_align_backward(torch.zeros(1, 2, 2), rois, 1.0, 2, 2, 1, 2, 5, 5, 2, True)
