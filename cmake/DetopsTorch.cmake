@@ -291,6 +291,19 @@ if(_detops_torch_abi STREQUAL "stable")
       target_compile_definitions(detops_torch PRIVATE DETOPS_TORCH_CUDA=1 USE_CUDA=1)
     endif()
   endif()
+  # detops_torch_cuda_glue: the CUDA branch of the glue, compiled and not linked, for a CPU-only
+  # build against a CUDA torch (EXCLUDE_FROM_ALL; scripts/test-wheel.sh builds it), so that CI,
+  # which has no GPU and builds the CPU wheel, still compiles what the CUDA wheel adds.
+  if(NOT DETOPS_WITH_TORCH_CUDA AND NOT _detops_torch_py_cuda STREQUAL "none")
+    add_library(detops_torch_cuda_glue OBJECT EXCLUDE_FROM_ALL ${_detops_torch_sources})
+    detops_target_options(detops_torch_cuda_glue)
+    target_include_directories(detops_torch_cuda_glue SYSTEM PRIVATE "${_detops_torch_py_dir}/include")
+    target_compile_definitions(detops_torch_cuda_glue PRIVATE DETOPS_TORCH_STABLE=1 TORCH_TARGET_VERSION=${_target}ULL
+                               DETOPS_TORCH_CUDA=1 USE_CUDA=1)
+    target_link_libraries(detops_torch_cuda_glue PRIVATE detops::detops)
+    set_target_properties(detops_torch_cuda_glue PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+                          CXX_EXTENSIONS OFF CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  endif()
   # The package records the floor: __init__.py refuses an older torch.
   set(DETOPS_TORCH_VERSION "${_detops_torch_py_version}")
   set(_detops_torch_abi_py stable)

@@ -24,6 +24,11 @@ if [[ -z "$wheel" ]]; then
   wheel=$(./scripts/build-wheel.sh --variant cpu --out build-wheel-dist)
 fi
 echo "test-wheel: $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) after ${SECONDS}s"
+if [[ -z "${DETOPS_WHEEL:-}" && -f build-wheel-cpu/build.ninja ]]; then
+  # The CUDA wheel's glue (the shim's stream, USE_CUDA), compiled in the CPU wheel's build folder.
+  cmake --build build-wheel-cpu --target detops_torch_cuda_glue
+  echo "test-wheel: the stable layer's CUDA glue compiles (${SECONDS}s)"
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
