@@ -60,6 +60,8 @@
 #   MASKRCNN_ARGS               arguments for train_maskrcnn.py (default: --device cuda --steps 3
 #                               --size 512); it runs under `timeout 90` (MASKRCNN_TIMEOUT)
 #   GPU_CHECK_TORCH_CPU         1: run the binding's phases even where torch sees no CUDA device
+#   GPU_CHECK_TORCH_ABI         the binding's registration layer: classic (default) or stable (the
+#                               wheel's: its CUDA stream and scratch come through torch's C shim)
 #                               (a dry run on a CPU machine: the CUDA tests skip; pass a CPU
 #                               MASKRCNN_ARGS)
 #   SANITIZER_TOOLS             compute-sanitizer tools (default "memcheck"; add racecheck,
@@ -583,12 +585,13 @@ build_torch() {
   echo "the torch-build phase did not finish" > "$torch_state"
   py=$(command -v "$python") || { echo "binding: $python not found" | tee "$torch_state"; return 5; }
   cmake_args=(-U Torch_DIR -U 'Caffe2_*' -U 'TORCH_*LIBRARY*' -U 'C10_*LIBRARY*' -U 'c10_*LIBRARY*'
-              -U 'CAFFE2_*LIBRARY*' -DDETOPS_TORCH=ON -DDETOPS_TORCH_PYTHON="$py")
+              -U 'CAFFE2_*LIBRARY*' -DDETOPS_TORCH=ON -DDETOPS_TORCH_PYTHON="$py"
+              -DDETOPS_TORCH_ABI="${GPU_CHECK_TORCH_ABI:-classic}")
   echo "reconfiguring $build with ${cmake_args[*]}"
   limited cmake -S . -B "$build" "${cmake_args[@]}" > "$conf" 2>&1
   rc=$?
   cat "$conf"
-  line=$(grep -m 1 -E 'detops: LibTorch .*torch binding ON' "$conf")
+  line=$(grep -m 1 -E 'detops: (LibTorch|torch) .*torch binding ON' "$conf")
   if ((rc != 0)) || [[ -z $line ]]; then
     echo "the binding did not configure (cmake exit $rc): $(grep -m 1 -A 2 'CMake Error' "$conf" | tr -s ' \n' ' ' | cut -c 1-300)" |
       tee "$torch_state"

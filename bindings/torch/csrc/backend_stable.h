@@ -164,7 +164,8 @@ class StableAllocator final : public Allocator {
     (void)stream;
     if (bytes == 0) return nullptr;
     const auto type = device.is_cuda() ? torch::headeronly::DeviceType::CUDA : torch::headeronly::DeviceType::CPU;
-    const torch::stable::Device where(type, static_cast<torch::stable::accelerator::DeviceIndex>(device.is_cuda() ? device.index : -1));
+    using DeviceIndex = torch::stable::accelerator::DeviceIndex;
+    const torch::stable::Device where(type, static_cast<DeviceIndex>(device.is_cuda() ? device.index : -1));
     Tensor block = torch::stable::empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, std::nullopt, where);
     void* ptr = block.data_ptr();
     std::lock_guard<std::mutex> lock(mutex_);

@@ -97,9 +97,9 @@ Grads5 gradients_like(const char* op, const Tensor& grad_output, const Tensor& i
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 Tensor deform_conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& offset,
-                                const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
-                                int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                                int64_t groups, int64_t offset_groups, bool use_mask, Str mode) {
+                            const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
+                            int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                            int64_t groups, int64_t offset_groups, bool use_mask, Str mode) {
   return guarded([&] {
     parse_exact_or_atomic(kForward, mode);
     const DeformConv2dOptions options =

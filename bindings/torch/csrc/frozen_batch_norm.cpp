@@ -32,8 +32,8 @@ void check_residual(FrozenBnEpilogue epilogue, const Optional<Tensor>& residual)
 }
 
 std::tuple<Tensor, Tensor> fold_kernel(const Tensor& weight, const Tensor& bias,
-                                               const Tensor& running_mean, const Tensor& running_var,
-                                               double eps) {
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       double eps) {
   return guarded([&] {
     DeviceGuard guard(weight);
     Tensor scale = fold_output_like(weight);
@@ -51,7 +51,7 @@ std::tuple<Tensor, Tensor> fold_kernel(const Tensor& weight, const Tensor& bias,
 }
 
 Tensor forward_kernel(const Tensor& x, const Tensor& scale, const Tensor& shift,
-                          Str epilogue, const Optional<Tensor>& residual) {
+                      Str epilogue, const Optional<Tensor>& residual) {
   return guarded([&] {
     const FrozenBnEpilogue e = parse_epilogue(kForward, epilogue);
     check_residual(e, residual);
@@ -68,7 +68,7 @@ Tensor forward_kernel(const Tensor& x, const Tensor& scale, const Tensor& shift,
 
 // grad_residual is undefined (None in Python) unless the epilogue is add_relu.
 std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_y, const Tensor& scale,
-                                                   Str epilogue, const Optional<Tensor>& y) {
+                                           Str epilogue, const Optional<Tensor>& y) {
   return guarded([&] {
     const FrozenBnEpilogue e = parse_epilogue(kBackward, epilogue);
     DeviceGuard guard(grad_y);

@@ -35,8 +35,8 @@ std::vector<int64_t> output_sizes(const char* op, const Tensor& input, const Ten
 
 // The gradients asked for; the others are undefined (None in Python) and detops gets empty views.
 std::tuple<Tensor, Tensor> gradients_like(const char* op, const Tensor& grad_output,
-                                                  const Tensor& input, const Tensor& grid, bool input_grad,
-                                                  bool grid_grad) {
+                                          const Tensor& input, const Tensor& grid, bool input_grad,
+                                          bool grid_grad) {
   require_dim(op, "grad_output", grad_output, 4, "[N, C, Ho, Wo]");
   require_ranks(op, input, grid);
   return std::make_tuple(input_grad ? empty_like_format(input) : undefined(),
@@ -46,7 +46,7 @@ std::tuple<Tensor, Tensor> gradients_like(const char* op, const Tensor& grad_out
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 Tensor grid_sample_kernel(const Tensor& input, const Tensor& grid, Str interpolation,
-                              Str padding_mode, bool align_corners, Str mode) {
+                          Str padding_mode, bool align_corners, Str mode) {
   return guarded([&] {
     const GridSampleOptions options = make_options(kForward, interpolation, padding_mode, align_corners);
     parse_exact_or_atomic(kForward, mode);
@@ -59,10 +59,10 @@ Tensor grid_sample_kernel(const Tensor& input, const Tensor& grid, Str interpola
 }
 
 std::tuple<Tensor, Tensor> grid_sample_backward_kernel(const Tensor& grad_output,
-                                                               const Tensor& input, const Tensor& grid,
-                                                               Str interpolation, Str padding_mode,
-                                                               bool align_corners, Str mode, bool input_grad,
-                                                               bool grid_grad) {
+                                                       const Tensor& input, const Tensor& grid,
+                                                       Str interpolation, Str padding_mode,
+                                                       bool align_corners, Str mode, bool input_grad,
+                                                       bool grid_grad) {
   return guarded([&] {
     const GridSampleOptions options = make_options(kBackward, interpolation, padding_mode, align_corners);
     GridSampleBackwardOptions backward;

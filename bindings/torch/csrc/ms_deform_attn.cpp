@@ -28,10 +28,10 @@ std::vector<int64_t> output_sizes(const char* op, const Tensor& value, const Ten
 // The gradients asked for, each like its input; the others are undefined (None in Python) and
 // detops gets empty views.
 std::tuple<Tensor, Tensor, Tensor> gradients_like(const char* op, const Tensor& grad_output,
-                                                              const Tensor& value,
-                                                              const Tensor& sampling_locations,
-                                                              const Tensor& attention_weights, bool value_grad,
-                                                              bool locations_grad, bool weights_grad) {
+                                                  const Tensor& value,
+                                                  const Tensor& sampling_locations,
+                                                  const Tensor& attention_weights, bool value_grad,
+                                                  bool locations_grad, bool weights_grad) {
   require_dim(op, "grad_output", grad_output, 3, "[B, Q, M*D]");
   require_ranks(op, value, sampling_locations, attention_weights);
   auto like = [](const Tensor& t, bool needed) {
@@ -46,8 +46,8 @@ std::tuple<Tensor, Tensor, Tensor> gradients_like(const char* op, const Tensor& 
 // the host either way); the dispatcher then picks the CUDA kernel from the other arguments.
 
 Tensor ms_deform_attn_kernel(const Tensor& value, const Tensor& spatial_shapes,
-                                 const Tensor& level_start_index, const Tensor& sampling_locations,
-                                 const Tensor& attention_weights, Str mode) {
+                             const Tensor& level_start_index, const Tensor& sampling_locations,
+                             const Tensor& attention_weights, Str mode) {
   return guarded([&] {
     parse_exact_or_atomic(kForward, mode);
     DeviceGuard guard(value);

@@ -24,8 +24,8 @@ RoiAlignOptions make_options(double spatial_scale, int64_t pooled_height, int64_
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 Tensor roi_align_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,
-                            int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                            Str backward_mode, Str truncation) {
+                        int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
+                        Str backward_mode, Str truncation) {
   return guarded([&] {
     parse_backward_mode(kForward, backward_mode);
     parse_truncation(kForward, truncation);
@@ -40,9 +40,9 @@ Tensor roi_align_kernel(const Tensor& input, const Tensor& rois, double spatial_
 }
 
 std::tuple<Tensor, Tensor> roi_align_max_kernel(const Tensor& input, const Tensor& rois,
-                                                        double spatial_scale, int64_t pooled_height,
-                                                        int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                                                        Str backward_mode, Str truncation) {
+                                                double spatial_scale, int64_t pooled_height,
+                                                int64_t pooled_width, int64_t sampling_ratio, bool aligned,
+                                                Str backward_mode, Str truncation) {
   return guarded([&] {
     const char* op = "detops::roi_align_max";
     parse_backward_mode(op, backward_mode);
@@ -60,9 +60,9 @@ std::tuple<Tensor, Tensor> roi_align_max_kernel(const Tensor& input, const Tenso
 }
 
 Tensor backward_common(const char* op, const Tensor& grad, const Tensor& rois, const Tensor& argmax,
-                           double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                           int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio, bool aligned,
-                           Str backward_mode, Str truncation, bool channels_last, PoolMode pool) {
+                       double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                       int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio, bool aligned,
+                       Str backward_mode, Str truncation, bool channels_last, PoolMode pool) {
   return guarded([&] {
     RoiAlignBackwardOptions b;
     b.mode = parse_backward_mode(op, backward_mode);
@@ -83,20 +83,20 @@ Tensor backward_common(const char* op, const Tensor& grad, const Tensor& rois, c
 }
 
 Tensor roi_align_backward_kernel(const Tensor& grad, const Tensor& rois, double spatial_scale,
-                                     int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                     int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
-                                     bool aligned, Str backward_mode, Str truncation,
-                                     bool channels_last) {
+                                 int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                 int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
+                                 bool aligned, Str backward_mode, Str truncation,
+                                 bool channels_last) {
   return backward_common(kBackward, grad, rois, undefined(), spatial_scale, pooled_height, pooled_width,
                          batch_size, channels, height, width, sampling_ratio, aligned, backward_mode, truncation,
                          channels_last, PoolMode::kAvg);
 }
 
 Tensor roi_align_max_backward_kernel(const Tensor& grad, const Tensor& rois, const Tensor& argmax,
-                                         double spatial_scale, int64_t pooled_height, int64_t pooled_width,
-                                         int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-                                         int64_t sampling_ratio, bool aligned, Str backward_mode,
-                                         Str truncation, bool channels_last) {
+                                     double spatial_scale, int64_t pooled_height, int64_t pooled_width,
+                                     int64_t batch_size, int64_t channels, int64_t height, int64_t width,
+                                     int64_t sampling_ratio, bool aligned, Str backward_mode,
+                                     Str truncation, bool channels_last) {
   return backward_common("detops::_roi_align_max_backward", grad, rois, argmax, spatial_scale, pooled_height,
                          pooled_width, batch_size, channels, height, width, sampling_ratio, aligned, backward_mode,
                          truncation, channels_last, PoolMode::kMax);

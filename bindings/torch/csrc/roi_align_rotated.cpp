@@ -34,9 +34,9 @@ RoiAlignBackwardOptions make_backward(const char* op, Str backward_mode, Str tru
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 Tensor roi_align_rotated_kernel(const Tensor& input, const Tensor& rois, double spatial_scale,
-                                    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
-                                    bool clockwise, Str angle_unit, Str backward_mode,
-                                    Str truncation) {
+                                int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
+                                bool clockwise, Str angle_unit, Str backward_mode,
+                                Str truncation) {
   return guarded([&] {
     const RoiAlignRotatedOptions options = make_options(kForward, spatial_scale, pooled_height, pooled_width,
                                                         sampling_ratio, aligned, clockwise, angle_unit);
@@ -50,10 +50,10 @@ Tensor roi_align_rotated_kernel(const Tensor& input, const Tensor& rois, double 
 }
 
 Tensor roi_align_rotated_backward_kernel(const Tensor& grad, const Tensor& rois, double spatial_scale,
-                                             int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-                                             int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
-                                             bool aligned, bool clockwise, Str angle_unit,
-                                             Str backward_mode, Str truncation, bool channels_last) {
+                                         int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+                                         int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio,
+                                         bool aligned, bool clockwise, Str angle_unit,
+                                         Str backward_mode, Str truncation, bool channels_last) {
   return guarded([&] {
     const RoiAlignRotatedOptions options = make_options(kBackward, spatial_scale, pooled_height, pooled_width,
                                                         sampling_ratio, aligned, clockwise, angle_unit);

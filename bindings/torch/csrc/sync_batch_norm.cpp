@@ -52,7 +52,7 @@ int64_t record_words_kernel(int64_t channels, Str mode) {
 // ---- CPU and CUDA ----------------------------------------------------------------------------
 
 Tensor local_scales_kernel(const Tensor& x, const Optional<Tensor>& grad_y,
-                               const Optional<Tensor>& save_mean) {
+                           const Optional<Tensor>& save_mean) {
   return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_scales";
     DeviceGuard guard(x);
@@ -121,7 +121,7 @@ std::tuple<Tensor, Tensor> finalize_stats_kernel(
 }
 
 Tensor apply_kernel(const Tensor& x, const Optional<Tensor>& weight, const Optional<Tensor>& bias,
-                        const Tensor& save_mean, const Tensor& save_invstd) {
+                    const Tensor& save_mean, const Tensor& save_invstd) {
   return guarded([&] {
     channels_of("detops::sync_batch_norm_apply", "x", x);
     DeviceGuard guard(x);
@@ -137,7 +137,7 @@ Tensor apply_kernel(const Tensor& x, const Optional<Tensor>& weight, const Optio
 }
 
 Tensor local_backward_kernel(const Tensor& grad_y, const Tensor& x, const Tensor& save_mean,
-                                 Str mode, const Optional<Tensor>& scales) {
+                             Str mode, const Optional<Tensor>& scales) {
   return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_backward";
     const SyncBnMode m = parse_sync_mode(op, mode);
@@ -151,10 +151,10 @@ Tensor local_backward_kernel(const Tensor& grad_y, const Tensor& x, const Tensor
 }
 
 std::tuple<Tensor, Tensor, Tensor> finalize_backward_kernel(const Tensor& gathered, int64_t rank,
-                                                                        Str mode,
-                                                                        const Tensor& save_invstd,
-                                                                        const Optional<Tensor>& scales,
-                                                                        bool weight_grad) {
+                                                            Str mode,
+                                                            const Tensor& save_invstd,
+                                                            const Optional<Tensor>& scales,
+                                                            bool weight_grad) {
   return guarded([&] {
     const char* op = "detops::sync_batch_norm_finalize_backward";
     const SyncBnMode m = parse_sync_mode(op, mode);
@@ -178,7 +178,7 @@ std::tuple<Tensor, Tensor, Tensor> finalize_backward_kernel(const Tensor& gather
 }
 
 Tensor backward_apply_kernel(const Tensor& grad_y, const Tensor& x, const Optional<Tensor>& weight,
-                                 const Tensor& save_mean, const Tensor& save_invstd, const Tensor& sums) {
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& sums) {
   return guarded([&] {
     channels_of("detops::sync_batch_norm_backward_apply", "x", x);
     DeviceGuard guard(x);
