@@ -174,3 +174,16 @@ inline Tensor roi_grad_input_like(const char* op, const Tensor& grad, int64_t ba
 #define DETOPS_LIBRARY_IMPL(key, m) TORCH_LIBRARY_IMPL(detops, key, m)
 #define DETOPS_KERNEL(fn) TORCH_FN(fn)
 #endif
+
+// An op file's kernels serve CPU and CUDA alike: detops picks the backend from the tensors'
+// device (on CUDA, torch's current stream). `kernels` is the file's
+// `template <class Library> void kernels(Library& m)` (in an anonymous namespace), which lists
+// them once for both keys and both layers.
+#if DETOPS_TORCH_CUDA
+#define DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels) \
+  DETOPS_LIBRARY_IMPL(CPU, m) { kernels(m); } \
+  DETOPS_LIBRARY_IMPL(CUDA, m) { kernels(m); }
+#else
+#define DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels) \
+  DETOPS_LIBRARY_IMPL(CPU, m) { kernels(m); }
+#endif

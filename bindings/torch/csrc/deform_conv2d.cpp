@@ -314,18 +314,15 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "Tensor grad_bias)");
 }
 
-DETOPS_LIBRARY_IMPL(CPU, m) {
+namespace {
+template <class Library>
+void kernels(Library& m) {
   m.impl("deform_conv2d", DETOPS_KERNEL(ops::deform_conv2d_kernel));
   m.impl("_deform_conv2d_backward", DETOPS_KERNEL(ops::deform_conv2d_backward_kernel));
 }
+}  // namespace
 
-#if DETOPS_TORCH_CUDA
-// The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-DETOPS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("deform_conv2d", DETOPS_KERNEL(ops::deform_conv2d_kernel));
-  m.impl("_deform_conv2d_backward", DETOPS_KERNEL(ops::deform_conv2d_backward_kernel));
-}
-#endif
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 #if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {

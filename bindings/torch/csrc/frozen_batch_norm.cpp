@@ -189,19 +189,16 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "-> (Tensor grad_x, Tensor grad_residual)");
 }
 
-DETOPS_LIBRARY_IMPL(CPU, m) {
+namespace {
+template <class Library>
+void kernels(Library& m) {
   m.impl("frozen_batch_norm_fold", DETOPS_KERNEL(ops::fold_kernel));
   m.impl("frozen_batch_norm", DETOPS_KERNEL(ops::forward_kernel));
   m.impl("_frozen_batch_norm_backward", DETOPS_KERNEL(ops::backward_kernel));
 }
+}  // namespace
 
-#if DETOPS_TORCH_CUDA
-DETOPS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("frozen_batch_norm_fold", DETOPS_KERNEL(ops::fold_kernel));
-  m.impl("frozen_batch_norm", DETOPS_KERNEL(ops::forward_kernel));
-  m.impl("_frozen_batch_norm_backward", DETOPS_KERNEL(ops::backward_kernel));
-}
-#endif
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 #if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {

@@ -213,18 +213,15 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "-> (Tensor grad_value, Tensor grad_sampling_locations, Tensor grad_attention_weights)");
 }
 
-DETOPS_LIBRARY_IMPL(CPU, m) {
+namespace {
+template <class Library>
+void kernels(Library& m) {
   m.impl("ms_deform_attn", DETOPS_KERNEL(ops::ms_deform_attn_kernel));
   m.impl("_ms_deform_attn_backward", DETOPS_KERNEL(ops::ms_deform_attn_backward_kernel));
 }
+}  // namespace
 
-#if DETOPS_TORCH_CUDA
-// The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-DETOPS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("ms_deform_attn", DETOPS_KERNEL(ops::ms_deform_attn_kernel));
-  m.impl("_ms_deform_attn_backward", DETOPS_KERNEL(ops::ms_deform_attn_backward_kernel));
-}
-#endif
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 #if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {

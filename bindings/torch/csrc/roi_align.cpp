@@ -301,18 +301,17 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "bool channels_last=False) -> Tensor");
 }
 
-// CPU and CUDA: the same kernels; detops runs the backend of the tensors' device (on CUDA, torch's
-// current stream).
-#define DETOPS_ROI_ALIGN_IMPL(m)                                                \
-  m.impl("roi_align", DETOPS_KERNEL(ops::roi_align_kernel));                    \
-  m.impl("_roi_align_backward", DETOPS_KERNEL(ops::roi_align_backward_kernel)); \
-  m.impl("roi_align_max", DETOPS_KERNEL(ops::roi_align_max_kernel));            \
-  m.impl("_roi_align_max_backward", DETOPS_KERNEL(ops::roi_align_max_backward_kernel))
+namespace {
+template <class Library>
+void kernels(Library& m) {
+  m.impl("roi_align", DETOPS_KERNEL(ops::roi_align_kernel));
+  m.impl("_roi_align_backward", DETOPS_KERNEL(ops::roi_align_backward_kernel));
+  m.impl("roi_align_max", DETOPS_KERNEL(ops::roi_align_max_kernel));
+  m.impl("_roi_align_max_backward", DETOPS_KERNEL(ops::roi_align_max_backward_kernel));
+}
+}  // namespace
 
-DETOPS_LIBRARY_IMPL(CPU, m) { DETOPS_ROI_ALIGN_IMPL(m); }
-#if DETOPS_TORCH_CUDA
-DETOPS_LIBRARY_IMPL(CUDA, m) { DETOPS_ROI_ALIGN_IMPL(m); }
-#endif
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 #if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {

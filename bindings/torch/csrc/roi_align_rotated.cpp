@@ -196,18 +196,15 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "str truncation=\"float16\", bool channels_last=False) -> Tensor");
 }
 
-DETOPS_LIBRARY_IMPL(CPU, m) {
+namespace {
+template <class Library>
+void kernels(Library& m) {
   m.impl("roi_align_rotated", DETOPS_KERNEL(ops::roi_align_rotated_kernel));
   m.impl("_roi_align_rotated_backward", DETOPS_KERNEL(ops::roi_align_rotated_backward_kernel));
 }
+}  // namespace
 
-#if DETOPS_TORCH_CUDA
-// The same kernels: detops runs its CUDA backend for CUDA views, on torch's current stream.
-DETOPS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("roi_align_rotated", DETOPS_KERNEL(ops::roi_align_rotated_kernel));
-  m.impl("_roi_align_rotated_backward", DETOPS_KERNEL(ops::roi_align_rotated_backward_kernel));
-}
-#endif
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 #if !DETOPS_TORCH_STABLE
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {

@@ -220,27 +220,27 @@ DETOPS_LIBRARY_FRAGMENT(m) {
         "Tensor save_invstd, Tensor sums) -> Tensor");
 }
 
-// The same kernels serve CPU and CUDA: detops runs the backend of the tensors' device.
-#define DETOPS_SBN_IMPL(m)                                                               \
-  m.impl("sync_batch_norm_local_scales", DETOPS_KERNEL(ops::local_scales_kernel));            \
-  m.impl("sync_batch_norm_merge_scales", DETOPS_KERNEL(ops::merge_scales_kernel));            \
-  m.impl("sync_batch_norm_local_stats", DETOPS_KERNEL(ops::local_stats_kernel));              \
-  m.impl("sync_batch_norm_finalize_stats", DETOPS_KERNEL(ops::finalize_stats_kernel));        \
-  m.impl("sync_batch_norm_apply", DETOPS_KERNEL(ops::apply_kernel));                          \
-  m.impl("sync_batch_norm_local_backward", DETOPS_KERNEL(ops::local_backward_kernel));        \
-  m.impl("sync_batch_norm_finalize_backward", DETOPS_KERNEL(ops::finalize_backward_kernel));  \
-  m.impl("sync_batch_norm_backward_apply", DETOPS_KERNEL(ops::backward_apply_kernel))
+namespace {
+template <class Library>
+void kernels(Library& m) {
+  m.impl("sync_batch_norm_local_scales", DETOPS_KERNEL(ops::local_scales_kernel));
+  m.impl("sync_batch_norm_merge_scales", DETOPS_KERNEL(ops::merge_scales_kernel));
+  m.impl("sync_batch_norm_local_stats", DETOPS_KERNEL(ops::local_stats_kernel));
+  m.impl("sync_batch_norm_finalize_stats", DETOPS_KERNEL(ops::finalize_stats_kernel));
+  m.impl("sync_batch_norm_apply", DETOPS_KERNEL(ops::apply_kernel));
+  m.impl("sync_batch_norm_local_backward", DETOPS_KERNEL(ops::local_backward_kernel));
+  m.impl("sync_batch_norm_finalize_backward", DETOPS_KERNEL(ops::finalize_backward_kernel));
+  m.impl("sync_batch_norm_backward_apply", DETOPS_KERNEL(ops::backward_apply_kernel));
+}
+}  // namespace
 
-DETOPS_LIBRARY_IMPL(CPU, m) { DETOPS_SBN_IMPL(m); }
+DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 
 // No tensor argument, nothing to dispatch on: one kernel for every backend.
 DETOPS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
   m.impl("sync_batch_norm_record_words", DETOPS_KERNEL(ops::record_words_kernel));
 }
 
-#if DETOPS_TORCH_CUDA
-DETOPS_LIBRARY_IMPL(CUDA, m) { DETOPS_SBN_IMPL(m); }
-#endif
 
 // No gradient of their own (the Python autograd.Function composes them): autograd passes through,
 // which also lets meta tensors reach the Meta kernels (torch 1.13 has no autograd fallback for the
