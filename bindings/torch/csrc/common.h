@@ -6,7 +6,7 @@
 //   classic (default): at::Tensor, TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL, C++ autograd;
 //                      source builds against one LibTorch (torch 1.13 up, C++ programs).
 //   stable (DETOPS_TORCH_STABLE=1): torch/csrc/stable only, STABLE_TORCH_LIBRARY_*; autograd and
-//                      fake kernels in Python (detops_torch/ops/); one build serves every torch
+//                      fake kernels in Python (detops_torch/_ops/); one build serves every torch
 //                      from the floor up (the wheel).
 // The glue between (argument checks, output shapes, views, the calls into detops) is written once
 // against the backend's names: Tensor, Optional<T>, Str, empty_on, view, context, DeviceGuard,

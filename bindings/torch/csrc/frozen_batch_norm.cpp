@@ -20,7 +20,7 @@ Tensor fold_output_like(const Tensor& weight) {
 // A residual is given iff the epilogue is add_relu (detops checks it too, but the output is
 // allocated first: an early, clear error costs nothing).
 void check_residual(FrozenBnEpilogue epilogue, const Optional<Tensor>& residual) {
-  const bool has = residual.has_value() && residual->defined();
+  const bool has = has_tensor(residual);
   if (epilogue == FrozenBnEpilogue::kAddRelu && !has) {
     throw Error(ErrorCode::kInvalidArgument, std::string(kForward) + ": residual is None; expected a tensor of x's "
                                                                      "shape with epilogue 'add_relu'");

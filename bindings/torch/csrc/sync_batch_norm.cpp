@@ -56,7 +56,7 @@ Tensor local_scales_kernel(const Tensor& x, const Optional<Tensor>& grad_y,
   return guarded([&] {
     const char* op = "detops::sync_batch_norm_local_scales";
     DeviceGuard guard(x);
-    const bool backward = grad_y.has_value() && grad_y->defined();
+    const bool backward = has_tensor(grad_y);
     Tensor scales =
         empty_on(x, {sync_batch_norm_scale_words(channels_of(op, "x", x), backward)}, DType::kInt64);
     sync_batch_norm_local_scales(view(x, "x"), view_opt(grad_y, "grad_y"),

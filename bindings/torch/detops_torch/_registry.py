@@ -15,11 +15,12 @@
 """
 import re
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _build_info
+from .functional import check_choice  # noqa: F401  (the fakes refuse what the modules refuse)
 
 STABLE = getattr(_build_info, "ABI", "classic") == "stable"
 
@@ -109,12 +110,6 @@ def require_dim(op: str, arg: str, t: torch.Tensor, dim: int, shape: str) -> Non
     """The C++ glue's rank check (common.h), for the outputs a fake kernel shapes."""
     if t.dim() != dim:
         raise ValueError(f"{op}: {arg} has {t.dim()} dimensions (sizes {list(t.shape)}); expected {shape}")
-
-
-def check_choice(op: str, arg: str, value: str, allowed: Sequence[str]) -> None:
-    """A mode string the C++ glue would refuse is refused by the fake kernel too."""
-    if value not in allowed:
-        raise ValueError(f"{op}: {arg} is '{value}'; expected one of " + ", ".join(f"'{a}'" for a in allowed))
 
 
 def channels_last(t: torch.Tensor) -> bool:
@@ -214,8 +209,3 @@ def saved(ctx: Any, **values: Any) -> None:
     """Non-tensor attributes on ctx (tensors go through ctx.save_for_backward)."""
     for key, value in values.items():
         setattr(ctx, key, value)
-
-
-def grads_for(op: Any, computed: Dict[int, Optional[torch.Tensor]]) -> Tuple[Optional[torch.Tensor], ...]:
-    """One entry per schema argument: the computed gradients at their argument index, None elsewhere."""
-    return tuple(computed.get(i) for i in range(len(op._schema.arguments)))

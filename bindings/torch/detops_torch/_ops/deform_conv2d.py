@@ -2,8 +2,7 @@
 import torch
 
 from .. import _registry as r
-
-BACKWARD_MODES = ("exact", "atomic")
+from ..functional import GATHER_BACKWARD_MODES
 
 
 def mask_used(op, mask, use_mask):
@@ -44,7 +43,7 @@ def _(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilat
       offset_groups, use_mask, backward_mode="exact"):
     op = "detops::deform_conv2d"
     r.require_meta_or_fake(op, input=input, weight=weight, offset=offset, mask=mask, bias=bias)
-    r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
+    r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
     m = mask_used(op, mask, use_mask)
     sizes = output_sizes(op, input, weight, offset, m, (stride_h, stride_w), (pad_h, pad_w), (dilation_h, dilation_w))
     return r.new_empty(input, sizes, channels_last=r.channels_last(input))
@@ -55,7 +54,7 @@ def _(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w
       offset_groups, backward_mode, input_grad, weight_grad, offset_grad, mask_grad, bias_grad):
     op = "detops::_deform_conv2d_backward"
     r.require_meta_or_fake(op, grad_output=grad_output, input=input, weight=weight, offset=offset, mask=mask)
-    r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
+    r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
     r.require_dim(op, "grad_output", grad_output, 4, "[N, Cout, Ho, Wo]")
     output_sizes(op, input, weight, offset, mask, (stride_h, stride_w), (pad_h, pad_w), (dilation_h, dilation_w))
     if mask_grad and mask is None:

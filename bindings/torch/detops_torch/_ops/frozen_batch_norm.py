@@ -2,8 +2,7 @@
 import torch
 
 from .. import _registry as r
-
-EPILOGUES = ("none", "relu", "add_relu")
+from ..functional import EPILOGUES
 
 
 def check_residual(op, epilogue, residual):

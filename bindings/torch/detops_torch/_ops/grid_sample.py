@@ -2,16 +2,13 @@
 import torch
 
 from .. import _registry as r
-
-INTERPOLATIONS = ("bilinear", "nearest")
-PADDINGS = ("zeros", "border", "reflection")
-BACKWARD_MODES = ("exact", "atomic")
+from ..functional import GATHER_BACKWARD_MODES, GRID_SAMPLE_MODES, GRID_SAMPLE_PADDING_MODES
 
 
 def check(op, input, grid, interpolation, padding_mode, backward_mode):
-    r.check_choice(op, "interpolation", interpolation, INTERPOLATIONS)
-    r.check_choice(op, "padding_mode", padding_mode, PADDINGS)
-    r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
+    r.check_choice(op, "interpolation", interpolation, GRID_SAMPLE_MODES)
+    r.check_choice(op, "padding_mode", padding_mode, GRID_SAMPLE_PADDING_MODES)
+    r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
     r.require_dim(op, "input", input, 4, "[N, C, H, W]")
     r.require_dim(op, "grid", grid, 4, "[N, Ho, Wo, 2]")
 

@@ -2,12 +2,11 @@
 import torch
 
 from .. import _registry as r
-
-BACKWARD_MODES = ("exact", "atomic")
+from ..functional import GATHER_BACKWARD_MODES
 
 
 def check(op, value, sampling_locations, attention_weights, backward_mode):
-    r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
+    r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
     r.require_dim(op, "value", value, 4, "[B, S, M, D]")
     r.require_dim(op, "sampling_locations", sampling_locations, 6, "[B, Q, M, L, P, 2]")
     r.require_dim(op, "attention_weights", attention_weights, 5, "[B, Q, M, L, P]")

@@ -2,20 +2,21 @@
 import torch
 
 from .. import _registry as r
-
-BACKWARD_MODES = ("exact", "truncated", "atomic")
-TRUNCATIONS = ("float16", "bfloat16")
-
-
-def output_sizes(op, input, rois, pooled_height, pooled_width, rois_shape):
-    r.require_dim(op, "input", input, 4, "[N, C, H, W]")
-    r.require_dim(op, "rois", rois, 2, rois_shape)
-    return (rois.shape[0], input.shape[1], max(pooled_height, 0), max(pooled_width, 0))
+from ..functional import BACKWARD_MODES, TRUNCATIONS
 
 
 def check_modes(op, backward_mode, truncation):
     r.check_choice(op, "backward_mode", backward_mode, BACKWARD_MODES)
     r.check_choice(op, "truncation", truncation, TRUNCATIONS)
+
+
+def output_sizes(op, input, rois, pooled_height, pooled_width, backward_mode, truncation, rois_shape):
+    """The RoI forwards' checks (as the C++ glue's roi_output_sizes) and [K, C, PH, PW]."""
+    r.require_meta_or_fake(op, input=input, rois=rois)
+    check_modes(op, backward_mode, truncation)
+    r.require_dim(op, "input", input, 4, "[N, C, H, W]")
+    r.require_dim(op, "rois", rois, 2, rois_shape)
+    return (rois.shape[0], input.shape[1], max(pooled_height, 0), max(pooled_width, 0))
 
 
 def grad_input_like(op, grad, batch_size, channels, height, width, channels_last):
@@ -30,18 +31,15 @@ def grad_input_like(op, grad, batch_size, channels, height, width, channels_last
 def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, backward_mode="exact",
       truncation="float16"):
     op = "detops::roi_align"
-    r.require_meta_or_fake(op, input=input, rois=rois)
-    check_modes(op, backward_mode, truncation)
-    return input.new_empty(output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]"))
+    return input.new_empty(output_sizes(op, input, rois, pooled_height, pooled_width, backward_mode, truncation,
+                                        "[K, 5]"))
 
 
 @r.fake("roi_align_max")
 def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, backward_mode="exact",
       truncation="float16"):
     op = "detops::roi_align_max"
-    r.require_meta_or_fake(op, input=input, rois=rois)
-    check_modes(op, backward_mode, truncation)
-    sizes = output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]")
+    sizes = output_sizes(op, input, rois, pooled_height, pooled_width, backward_mode, truncation, "[K, 5]")
     return input.new_empty(sizes), input.new_empty(sizes, dtype=torch.int32)
 
 

@@ -2,19 +2,17 @@
 import torch
 
 from .. import _registry as r
+from ..functional import ANGLE_UNITS
 from .roi_align import check_modes, grad_input_like, output_sizes
-
-ANGLE_UNITS = ("degrees", "radians")
 
 
 @r.fake("roi_align_rotated")
 def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned=True, clockwise=False,
       angle_unit="degrees", backward_mode="exact", truncation="float16"):
     op = "detops::roi_align_rotated"
-    r.require_meta_or_fake(op, input=input, rois=rois)
     r.check_choice(op, "angle_unit", angle_unit, ANGLE_UNITS)
-    check_modes(op, backward_mode, truncation)
-    return input.new_empty(output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 6]"))
+    return input.new_empty(output_sizes(op, input, rois, pooled_height, pooled_width, backward_mode, truncation,
+                                        "[K, 6]"))
 
 
 @r.fake("_roi_align_rotated_backward")
