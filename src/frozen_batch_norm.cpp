@@ -120,7 +120,13 @@ void frozen_batch_norm_fold(const BatchNormState& st, const TensorView& scale, c
   }
   check_same_device(op, "scale", scale, "weight", st.weight);
   check_same_device(op, "shift", shift, "scale", scale);
-  internal::check_no_partial_overlap(op, "shift", shift, "scale", scale, false);
+  // scale and shift are written after the state is read: they share no byte with each other or
+  // with the state (an output over running_var would overwrite the caller's statistics).
+  internal::check_outputs(op, {{"scale", &scale}, {"shift", &shift}});
+  for (const internal::NamedView out : {internal::NamedView{"scale", &scale}, internal::NamedView{"shift", &shift}})
+    internal::check_disjoint(op, out,
+                             {{"weight", &st.weight}, {"bias", &st.bias}, {"running_mean", &st.running_mean},
+                              {"running_var", &st.running_var}});
   // The statistics may still be being written on the caller's stream: wait for it before reading.
   if (st.weight.device.is_cuda()) internal::cuda_stream_synchronize(st.weight.device, ctx.cuda_stream);
   const std::vector<double> w = host_values(st.weight), b = host_values(st.bias), m = host_values(st.running_mean),

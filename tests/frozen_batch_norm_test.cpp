@@ -1225,8 +1225,10 @@ TEST_P(FrozenBnBadInput, ThrowsNamingTheArgumentAndWritesNothing) {
   Snapshot snap;
   for (const TensorView* v : {&a.vx, &a.vy, &a.vres, &a.vgy, &a.vgx, &a.vgres, &a.vscale, &a.vshift})
     if (v->device.is_cpu()) snap.add(*v);
-  for (const Tensor* t : {&a.x, &a.y, &a.residual, &a.grad_y, &a.grad_x, &a.grad_residual, &a.scale, &a.shift})
+  for (const Tensor* t : {&a.x, &a.y, &a.residual, &a.grad_y, &a.grad_x, &a.grad_residual, &a.scale, &a.shift,
+                          &a.weight, &a.bias, &a.mean, &a.var})
     snap.add(t->view());
+  for (const Tensor& t : a.extra) snap.add(t.view());
   std::string msg;
   ErrorCode code = ErrorCode::kCudaError;
   try {
@@ -1405,6 +1407,17 @@ const BadCase kBadCases[] = {
      {"running_mean"}},
     {"fold_scale_device", Op::kFold, [](Args& a) { a.vscale = on_cuda(a.vscale); }, {"scale"}},
     {"fold_shift_overlaps_scale", Op::kFold, [](Args& a) { a.vshift = a.vscale; }, {"shift", "overlap*"}},
+    // the outputs over the state: the fold would overwrite the caller's statistics
+    {"fold_scale_over_running_var", Op::kFold, [](Args& a) { a.vscale = a.st.running_var; },
+     {"scale", "running_var", "overlap*"}},
+    {"fold_shift_partly_over_weight", Op::kFold,
+     [](Args& a) {
+       Tensor both = f32({4});  // weight in [0, 3), shift in [1, 4)
+       a.st.weight = TensorView(both.data<float>(), DType::kFloat32, Device::cpu(), {3});
+       a.vshift = TensorView(both.data<float>() + 1, DType::kFloat32, Device::cpu(), {3});
+       a.keep(std::move(both));
+     },
+     {"shift", "weight", "overlap*"}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Matrix, FrozenBnBadInput, ::testing::ValuesIn(kBadCases),
