@@ -1,6 +1,7 @@
 // Context defaults and the built-in workspace allocator.
 #include "detops/context.h"
 
+#include <algorithm>
 #include <new>
 #include <thread>
 
@@ -47,13 +48,24 @@ CpuIsa Context::resolved_cpu_isa() const {
   return cpu_isa;
 }
 
+namespace {
+constexpr unsigned kMaxCores = 1u << 16;  // keeps kThreadsPerCore * cores within int
+constexpr int kThreadsPerCore = 4;
+constexpr int kMinThreadCap = 64;  // a floor, so that thread-count tests mean the same on small machines
+}  // namespace
+
 int Context::resolved_threads() const {
   if (num_threads < 0)
     internal::fail(ErrorCode::kInvalidArgument, "Context: num_threads is {}; expected 0 (all cores) or a positive count",
                    num_threads);
-  if (num_threads > 0) return num_threads;
   const unsigned hc = std::thread::hardware_concurrency();
-  return hc > 0 ? static_cast<int>(hc) : 1;
+  const int cores = hc > 0 ? static_cast<int>(std::min(hc, kMaxCores)) : 1;
+  if (num_threads == 0) return cores;
+  // The one cap for every CPU op: threads beyond a few per core only cost (each is started per
+  // parallel loop), and INT_MAX would have a loop try to start billions. Results do not depend
+  // on the count (see context.h), so capping never changes a bit; parallel_for caps again at
+  // the work items of each loop.
+  return std::min(num_threads, std::max(kMinThreadCap, kThreadsPerCore * cores));
 }
 
 namespace {

@@ -271,6 +271,24 @@ TEST(RoiAlignCpuForward, SameBytesForAnyThreadCountAndLayout) {
   EXPECT_TRUE(test::same_bytes(a, run(2, Layout::kNHWC)));
 }
 
+// num_threads = INT_MAX once split a tiny forward into ~8.6e9 work items and tried to start a
+// thread for each (gigabytes, no return): the context caps the threads, with the same bits.
+TEST(RoiAlignCpuForward, HugeThreadCountIsCheapAndGivesTheSameBits) {
+  Tensor input = make_tensor({1, 2, 4, 4}, DType::kFloat32, test::random_values(32, 77));
+  Tensor rois = make_tensor({1, 5}, DType::kFloat32, {0, 0.5, 0.5, 3.0, 2.5});
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  auto run = [&](int threads) {
+    Tensor out = Tensor::empty({1, 2, 2, 2}, DType::kFloat32);
+    Context ctx;
+    ctx.num_threads = threads;
+    roi_align_forward(input, rois, out, o, ctx);
+    return out;
+  };
+  const Tensor one = run(1);
+  EXPECT_TRUE(test::same_bytes(one, run(std::numeric_limits<int>::max())));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Semantics pinned by hand (values from the anchors' measured table: a 4x4 map holding 1..16)
 

@@ -3,11 +3,14 @@
 // every op runs on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -87,6 +90,18 @@ TEST(Context, ResolvedThreads) {
   EXPECT_GE(c.resolved_threads(), 1);
   c.num_threads = 3;
   EXPECT_EQ(c.resolved_threads(), 3);
+  c.num_threads = 64;  // up to the floor of the cap, a request is taken as it is on any machine
+  EXPECT_EQ(c.resolved_threads(), 64);
+}
+
+TEST(Context, HugeThreadCountsAreCapped) {
+  const unsigned hc = std::thread::hardware_concurrency();
+  const int cap = std::max(64, 4 * static_cast<int>(std::max(hc, 1u)));
+  Context c;
+  for (int n : {cap, cap + 1, 1 << 20, std::numeric_limits<int>::max()}) {
+    c.num_threads = n;
+    EXPECT_EQ(c.resolved_threads(), std::min(n, cap)) << n << " threads asked";
+  }
 }
 
 // A thread starter that refuses after `allowed` threads, as std::thread does at a resource limit.

@@ -49,7 +49,9 @@ CpuIsa cpu_isa_supported();
 
 struct Context {
   /// CPU worker threads; 0 = std::thread::hardware_concurrency(). A negative value is an error
-  /// (see resolved_threads()).
+  /// (see resolved_threads()); a larger value than max(64, 4 x hardware_concurrency()) is capped
+  /// there (results never depend on the thread count), and each parallel loop uses no more
+  /// threads than it has work items.
   int num_threads = 0;
   /// cudaStream_t to enqueue CUDA work on; nullptr = the legacy default stream. detops never
   /// synchronizes the device; see each op for the calls that wait on this stream.
@@ -64,7 +66,8 @@ struct Context {
   /// tests; the results do not depend on it.
   CpuIsa cpu_isa = CpuIsa::kAuto;
 
-  /// Thread count this context resolves to (>= 1). Throws Error (kInvalidArgument) when
+  /// Thread count this context resolves to (>= 1): num_threads, or the core count for 0, at most
+  /// max(64, 4 x hardware_concurrency()). Throws Error (kInvalidArgument) when
   /// num_threads is negative. CPU ops call it when they resolve their thread
   /// count (CUDA ops never read num_threads).
   int resolved_threads() const;
