@@ -2,20 +2,22 @@
 """Functional forms of the detops ops.
 
 ``roi_align`` has ``torchvision.ops.roi_align``'s signature (boxes as a ``[K, 5]`` tensor or a list
-of per-image ``[L, 4]`` tensors) plus keyword-only options: the backward mode, the truncation
+of per-image ``[L, 4]`` tensors) plus trailing options: the backward mode, the truncation
 format of the truncated mode and the pooling mode (``"max"`` is mmcv's max pooling).
 ``roi_align_rotated`` pools rotated boxes ``(batch_index, cx, cy, w, h, angle)`` with detectron2's
 ``ROIAlignRotated`` semantics (degrees, counter-clockwise) or, through ``angle_unit="radians"``,
-``aligned`` and ``clockwise``, mmcv's ``roi_align_rotated``; same keyword-only options as
+``aligned`` and ``clockwise``, mmcv's ``roi_align_rotated``; same trailing options as
 ``roi_align`` (no max pooling: neither anchor has it).
 
 ``grid_sample`` has ``torch.nn.functional.grid_sample``'s signature (4-d input; bilinear and
-nearest) plus the keyword-only ``backward_mode``; ``point_sample`` is detectron2's (and
+nearest) plus a trailing ``backward_mode``; ``point_sample`` is detectron2's (and
 Mask2Former's) helper over it. ``ms_deform_attn`` takes the arguments of Deformable-DETR's
 ``MSDeformAttnFunction`` and mmcv's ``MultiScaleDeformableAttnFunction`` (without ``im2col_step``)
 plus ``backward_mode``. ``deform_conv2d`` has ``torchvision.ops.deform_conv2d``'s signature (DCNv1,
-and DCNv2 with a mask) plus the keyword-only ``backward_mode``. Their backward modes: ``"exact"`` (bitwise
+and DCNv2 with a mask) plus a trailing ``backward_mode``. Their backward modes: ``"exact"`` (bitwise
 reproducible, the default) or ``"atomic"`` (the anchors' scatter; not reproducible on GPUs).
+The options follow the peer's arguments, positional or keyword (TorchScript compiles no
+keyword-only argument with a default), so each function scripts where its peer does.
 """
 import warnings
 from typing import List, Optional, Tuple, Union
@@ -166,7 +168,6 @@ def roi_align(
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
-    *,
     backward_mode: str = "exact",
     truncation: str = "float16",
     pool_mode: str = "avg",
@@ -188,8 +189,8 @@ def roi_align(
         ``[K, C, output_size[0], output_size[1]]`` in the input's dtype. Gradients flow to
         ``input`` only.
 
-    TorchScript does not compile keyword-only arguments; scripted code uses the modules
-    (:class:`detops_torch.RoIAlign` and the compat ones script) or ``torch.ops.detops.roi_align``.
+    Scriptable with ``torch.jit.script``, as torchvision's (the detops options follow torchvision's
+    arguments, positional or keyword: TorchScript compiles no keyword-only argument with a default).
     """
     return _roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned, backward_mode, truncation,
                       pool_mode)
@@ -227,7 +228,6 @@ def roi_align_rotated(
     aligned: bool = True,
     clockwise: bool = False,
     angle_unit: str = "degrees",
-    *,
     backward_mode: str = "exact",
     truncation: str = "float16",
 ) -> Tensor:
@@ -254,9 +254,7 @@ def roi_align_rotated(
         ``[K, C, output_size[0], output_size[1]]`` in the input's dtype (16-bit inputs run natively,
         computed in float32 and rounded once). Gradients flow to ``input`` only.
 
-    TorchScript does not compile keyword-only arguments; scripted code uses the modules
-    (:class:`detops_torch.ROIAlignRotated`, :class:`detops_torch.RoIAlignRotated`) or
-    ``torch.ops.detops.roi_align_rotated``.
+    Scriptable with ``torch.jit.script`` (every argument positional or keyword).
     """
     return _roi_align_rotated(input, rois, output_size, spatial_scale, sampling_ratio, aligned, clockwise, angle_unit,
                               backward_mode, truncation)
@@ -295,7 +293,6 @@ def grid_sample(
     mode: str = "bilinear",
     padding_mode: str = "zeros",
     align_corners: Optional[bool] = None,
-    *,
     backward_mode: str = "exact",
 ) -> Tensor:
     """``torch.nn.functional.grid_sample`` for 4-d inputs, computed by detops.
@@ -313,10 +310,13 @@ def grid_sample(
     Returns:
         ``[N, C, Ho, Wo]`` in the input's dtype. Gradients flow to ``input`` and ``grid`` (zero for
         the grid with ``"nearest"``, as torch's); a NaN coordinate samples 0 and gets 0 gradients.
+
+    Scriptable with ``torch.jit.script``, as torch's.
     """
-    check_choice("grid_sample", "mode", mode, GRID_SAMPLE_MODES)
-    check_choice("grid_sample", "padding_mode", padding_mode, GRID_SAMPLE_PADDING_MODES)
-    check_choice("grid_sample", "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+    if not torch.jit.is_scripting():  # scripted, the op checks them (under its argument names)
+        check_choice("grid_sample", "mode", mode, GRID_SAMPLE_MODES)
+        check_choice("grid_sample", "padding_mode", padding_mode, GRID_SAMPLE_PADDING_MODES)
+        check_choice("grid_sample", "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
     if align_corners is None:
         warnings.warn(
             "grid_sample: align_corners is None, which means False (torch's default since 1.3.0); "
@@ -463,7 +463,6 @@ def deform_conv2d(
     padding: Tuple[int, int] = (0, 0),
     dilation: Tuple[int, int] = (1, 1),
     mask: Optional[Tensor] = None,
-    *,
     backward_mode: str = "exact",
     mode: Optional[str] = None,
 ) -> Tensor:
@@ -492,8 +491,14 @@ def deform_conv2d(
         ``[N, Cout, Ho, Wo]``. Gradients flow to input, offset, weight, mask and bias, each computed
         only when needed.
 
-    TorchScript does not compile keyword-only arguments; scripted code uses
-    :class:`detops_torch.DeformConv2d` or ``torch.ops.detops.deform_conv2d``.
+    Scriptable with ``torch.jit.script``, as torchvision's (``backward_mode`` and ``mode`` follow
+    torchvision's arguments, positional or keyword; scripted, ``mode`` gives no warning and autocast
+    does not cast, as in the scripted modules).
     """
-    backward_mode = resolve_backward_mode("deform_conv2d", backward_mode, mode)
-    return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
+    if torch.jit.is_scripting():
+        if mode is not None:
+            backward_mode = mode
+        return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
+    else:
+        backward_mode = resolve_backward_mode("deform_conv2d", backward_mode, mode)
+        return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)

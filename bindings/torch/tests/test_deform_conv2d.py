@@ -695,6 +695,22 @@ class MetaAndScriptTest(unittest.TestCase):
                              detops_torch.deform_conv2d(x, offset, weight, None, 1, 1, 1, mask, backward_mode="atomic"),
                              "scripted positional form")
 
+    def test_functional_scripts_as_torchvisions(self):
+        # torch.jit.script(torchvision.ops.deform_conv2d) works; so must detops' (issue 27), its
+        # options (and the deprecated `mode`) given positionally or by keyword.
+        x, offset, weight, _, mask, _ = _case(81)
+        expected = detops_torch.deform_conv2d(x, offset, weight, None, (1, 1), (1, 1), (1, 1), mask)
+        scripted = torch.jit.script(detops_torch.deform_conv2d)
+        assert_bitwise_equal(self, scripted(x, offset, weight, None, (1, 1), (1, 1), (1, 1), mask, "atomic"),
+                             expected, "scripted function")
+
+        def user(x: torch.Tensor, o: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            return detops_torch.deform_conv2d(x, o, w, padding=(1, 1), mask=m, mode="atomic")
+
+        assert_bitwise_equal(self, torch.jit.script(user)(x, offset, weight, mask), expected, "scripted caller")
+        with self.assertWarns(DeprecationWarning):  # eager `mode` still works, with its warning
+            assert_bitwise_equal(self, user(x, offset, weight, mask), expected, "eager caller")
+
     def test_fx_symbolic_trace(self):
         # The module's call is a leaf of the graph (its shape inference and autocast check would
         # otherwise branch on proxies).

@@ -227,6 +227,19 @@ class MetaAndScriptTest(unittest.TestCase):
                              detops_torch.grid_sample(x, grid, "nearest", "zeros", False, backward_mode="atomic"),
                              "scripted positional form")
 
+    def test_functional_scripts_as_torchs(self):
+        # torch.jit.script(torch.nn.functional.grid_sample) works; so must detops' (issue 27).
+        scripted = torch.jit.script(detops_torch.grid_sample)
+        x, grid, _ = _inputs(111)
+        assert_bitwise_equal(self, scripted(x, grid, "nearest", "border", True, "atomic"),
+                             detops_torch.grid_sample(x, grid, "nearest", "border", True, backward_mode="atomic"),
+                             "scripted function")
+
+        def user(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+            return detops_torch.grid_sample(x, grid, padding_mode="reflection", align_corners=False)
+
+        assert_bitwise_equal(self, torch.jit.script(user)(x, grid), user(x, grid), "scripted caller")
+
 
     @unittest.skipUnless(TORCH_2_1 and hasattr(torch.library, "opcheck"), "torch.library.opcheck needs torch >= 2.1")
     def test_opcheck(self):

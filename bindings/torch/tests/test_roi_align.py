@@ -1,6 +1,7 @@
 # Tests of detops_torch.roi_align and the RoI modules: torchvision parity, gradcheck, reproducibility, meta, TorchScript, bad input.
 import itertools
 import unittest
+from typing import List
 
 import torch
 
@@ -274,8 +275,7 @@ class MetaAndScriptTest(unittest.TestCase):
         assert_bitwise_equal(self, scripted(x, rois), op_call(x, rois), "scripted op call")
         self.assertIn("detops::roi_align", str(scripted.graph))
 
-        # The modules script (the public function's keyword-only options do not: TorchScript 1.13
-        # rejects keyword-only arguments with defaults), with both box forms.
+        # The modules script too, with both box forms.
         cfg = ((3, 2), 0.625, 2, True)
         boxes = split_rois(rois[torch.sort(rois[:, 0], stable=True).indices], 2)
         mod = torch.jit.script(detops_torch.RoIAlign((3, 2), 0.625, 2, True, backward_mode="atomic"))
@@ -284,6 +284,23 @@ class MetaAndScriptTest(unittest.TestCase):
         x.requires_grad_(True)
         mod(x, rois).sum().backward()
         self.assertIsNotNone(x.grad)
+
+    def test_functional_scripts_as_torchvisions(self):
+        # torch.jit.script(torchvision.ops.roi_align) works; so must detops' (issue 27), called
+        # from scripted code with torchvision's arguments and with the detops options.
+        scripted = torch.jit.script(detops_torch.roi_align)
+        x, rois, _ = _inputs(1250)
+        cfg = ((3, 2), 0.625, 2, True)
+        assert_bitwise_equal(self, scripted(x, rois, [3, 2], 0.625, 2, True), _dt(x, rois, cfg), "scripted function")
+        assert_bitwise_equal(self, scripted(x, rois, [3, 2], 0.625, 2, True, "atomic"), _tv(x, rois, cfg),
+                             "scripted function, atomic mode")
+
+        def user(x: torch.Tensor, boxes: List[torch.Tensor]) -> torch.Tensor:
+            return detops_torch.roi_align(x, boxes, 3, spatial_scale=0.625, sampling_ratio=2, aligned=True,
+                                          backward_mode="exact", pool_mode="max")
+
+        boxes = split_rois(rois[torch.sort(rois[:, 0], stable=True).indices], 2)
+        assert_bitwise_equal(self, torch.jit.script(user)(x, boxes), user(x, boxes), "scripted caller, list form")
 
     @unittest.skipUnless(TORCH_2_1 and hasattr(torch.library, "opcheck"), "torch.library.opcheck needs torch >= 2.1")
     def test_opcheck(self):

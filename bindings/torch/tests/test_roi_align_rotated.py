@@ -426,6 +426,14 @@ class MetaAndScriptTest(unittest.TestCase):
         assert_bitwise_equal(self, scripted(x, rois), op_call(x, rois), "scripted op call")
         self.assertIn("detops::roi_align_rotated", str(scripted.graph))
 
+    def test_functional_scripts(self):
+        # Every detops functional with a peer signature scripts (issue 27).
+        scripted = torch.jit.script(detops_torch.roi_align_rotated)
+        x, rois, _ = _inputs(950)
+        assert_bitwise_equal(self, scripted(x, rois, [3, 2], 0.625, 2, True, False, "degrees", "atomic"),
+                             detops_torch.roi_align_rotated(x, rois, (3, 2), 0.625, 2, backward_mode="atomic"),
+                             "scripted function")
+
     @unittest.skipUnless(TORCH_2_1 and hasattr(torch.library, "opcheck"), "torch.library.opcheck needs torch >= 2.1")
     def test_opcheck(self):
         x, rois, _ = _inputs(1000)
