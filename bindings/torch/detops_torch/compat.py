@@ -19,7 +19,7 @@ nameable from mmdetection and mmrotate configs (``roi_layer=dict(type='DetopsRoI
 ``norm_cfg=dict(type='DetopsSyncBN')``, ``dcn=dict(type='DetopsDCN', ...)`` or ``'DetopsDCNv2'``).
 """
 import importlib
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +27,12 @@ from torch.nn.modules.utils import _pair
 
 from . import nn as _dnn
 from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
-from .nn import _renamed_kwargs
+from .nn import _checked_rois, _renamed_kwargs
+
+# torch.fx.wrap patches the globals of the module that registers a function: the leaves called
+# from here are registered here too.
+torch.fx.wrap("_roi_align")
+torch.fx.wrap("_checked_rois")
 
 __all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
 
@@ -48,9 +53,7 @@ class ROIAlign(nn.Module):
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         """input: NCHW (or channels_last) features; rois: ``[K, 5]`` (batch index, x1, y1, x2, y2)."""
-        if not isinstance(rois, torch.Tensor) or rois.dim() != 2 or rois.size(1) != 5:
-            got = list(rois.shape) if isinstance(rois, torch.Tensor) else type(rois).__name__
-            raise ValueError(f"ROIAlign: rois has sizes {got}; expected [K, 5] rows (batch_index, x1, y1, x2, y2)")
+        rois = _checked_rois("ROIAlign", rois, 5)
         return _roi_align(input, rois.to(dtype=input.dtype), self.output_size, self.spatial_scale,
                           self.sampling_ratio, self.aligned, self.backward_mode, self.truncation, "avg")
 
@@ -124,15 +127,31 @@ class DeformConv2d(_dnn._MmcvDeformConv2d):
     the offset's dtype."""
 
     def forward(self, x: Tensor, offset: Tensor) -> Tensor:
-        pad_h = max(self.kernel_size[0] - x.size(2), 0)
-        pad_w = max(self.kernel_size[1] - x.size(3), 0)
-        if pad_h > 0 or pad_w > 0:
-            x = torch.nn.functional.pad(x, [0, pad_w, 0, pad_h], "constant", 0.0)
-            offset = torch.nn.functional.pad(offset, [0, pad_w, 0, pad_h], "constant", 0.0)
-        out = self._deform(x, offset, None, None)
-        if pad_h > 0 or pad_w > 0:
-            out = out[:, :, :out.size(2) - pad_h, :out.size(3) - pad_w].contiguous()
-        return out
+        padded = _pad_to_kernel(x, offset, self.kernel_size)
+        out = self._deform(padded[0], padded[1], None, None)
+        return _crop_to_input(out, x, self.kernel_size)
+
+
+@torch.fx.wrap
+def _pad_to_kernel(x: Tensor, offset: Tensor, kernel_size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    # mmcv's DCNv1: an input smaller than the kernel (and its offset) padded with zeros at the
+    # bottom and right. A leaf under FX (it branches on the input's size).
+    pad_h = max(kernel_size[0] - x.size(2), 0)
+    pad_w = max(kernel_size[1] - x.size(3), 0)
+    if pad_h > 0 or pad_w > 0:
+        x = torch.nn.functional.pad(x, [0, pad_w, 0, pad_h], "constant", 0.0)
+        offset = torch.nn.functional.pad(offset, [0, pad_w, 0, pad_h], "constant", 0.0)
+    return x, offset
+
+
+@torch.fx.wrap
+def _crop_to_input(out: Tensor, x: Tensor, kernel_size: Tuple[int, int]) -> Tensor:
+    # The output of _pad_to_kernel's padded input cropped back, as mmcv does.
+    pad_h = max(kernel_size[0] - x.size(2), 0)
+    pad_w = max(kernel_size[1] - x.size(3), 0)
+    if pad_h > 0 or pad_w > 0:
+        out = out[:, :, :out.size(2) - pad_h, :out.size(3) - pad_w].contiguous()
+    return out
 
 
 class ModulatedDeformConv2d(_dnn._MmcvModulatedDeformConv2d):

@@ -49,10 +49,13 @@ from .functional import (GATHER_BACKWARD_MODES, _deform_conv2d, _deform_conv2d_a
                          _roi_align_rotated, boxes_to_rois, check_choice, check_roi_options, ms_deform_attn,
                          resolve_backward_mode)
 
-# torch.fx.wrap patches a function in the globals of the module that registers it; these two
-# (leaves of a traced graph: they branch on shapes and autocast state) are called from here.
+# torch.fx.wrap patches a function in the globals of the module that registers it; these
+# (leaves of a traced graph: they branch on shapes, autocast state or box lists) are called from
+# here.
 torch.fx.wrap("_deform_conv2d")
 torch.fx.wrap("_deform_conv2d_autocast")
+torch.fx.wrap("_roi_align")
+torch.fx.wrap("_roi_align_rotated")
 
 __all__ = [
     "RoIAlign",
@@ -107,6 +110,14 @@ except ImportError:  # pragma: no cover - torchvision is installed wherever the 
         lvl_min = -torch.log2(torch.tensor(scales[0], dtype=torch.float32)).item()
         lvl_max = -torch.log2(torch.tensor(scales[-1], dtype=torch.float32)).item()
         return scales, LevelMapper(int(lvl_min), int(lvl_max), canonical_scale, canonical_level)
+
+
+torch.fx.wrap("_setup_scales")
+
+
+def _is_proxy(value) -> bool:
+    """Whether ``value`` is an FX proxy (symbolic tracing: the module must not keep it as state)."""
+    return isinstance(value, torch.fx.Proxy)
 
 
 class RoIAlign(nn.Module):
@@ -186,6 +197,18 @@ def _multiscale_roi_align(
     return result
 
 
+@torch.fx.wrap
+@torch.jit.unused
+def _multiscale_roi_align_setup(x_filtered: List[Tensor], boxes: List[Tensor], image_shapes: List[Tuple[int, int]],
+                                output_size: List[int], sampling_ratio: int, canonical_scale: int,
+                                canonical_level: int, backward_mode: str, truncation: str) -> Tensor:
+    # One leaf for a traced MultiScaleRoIAlign whose scales are not yet known: they are inferred
+    # on each run of the graph, as the eager module infers them on its first forward.
+    scales, mapper = _setup_scales(x_filtered, image_shapes, canonical_scale, canonical_level)
+    return _multiscale_roi_align(x_filtered, boxes, output_size, sampling_ratio, scales, mapper, backward_mode,
+                                 truncation)
+
+
 class MultiScaleRoIAlign(nn.Module):
     """torchvision's ``MultiScaleRoIAlign``: pools each box from the FPN level given by eq. 1 of
     the FPN paper (``canonical_level`` for a box of ``canonical_scale`` squared area)."""
@@ -220,6 +243,11 @@ class MultiScaleRoIAlign(nn.Module):
     def forward(self, x: Dict[str, Tensor], boxes: List[Tensor], image_shapes: List[Tuple[int, int]]) -> Tensor:
         x_filtered = _filter_input(x, self.featmap_names)
         if self.scales is None or self.map_levels is None:
+            if not torch.jit.is_scripting():
+                if _is_proxy(x_filtered):  # FX: the scales come from the traced shapes, in the graph
+                    return _multiscale_roi_align_setup(x_filtered, boxes, image_shapes, self.output_size,
+                                                       self.sampling_ratio, self.canonical_scale,
+                                                       self.canonical_level, self.backward_mode, self.truncation)
             self.scales, self.map_levels = _setup_scales(
                 x_filtered, image_shapes, self.canonical_scale, self.canonical_level
             )
@@ -233,6 +261,17 @@ class MultiScaleRoIAlign(nn.Module):
             f"{self.__class__.__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
             f"sampling_ratio={self.sampling_ratio}, backward_mode={self.backward_mode!r})"
         )
+
+
+@torch.fx.wrap
+def _fold_buffers(weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor, eps: float,
+                  dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    # FrozenBatchNorm2d's fold for inputs of ``dtype`` (float64 folds in float64, the rest in
+    # float32); a leaf under FX, where the dtype is a proxy.
+    param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.ops.detops.frozen_batch_norm_fold(weight.detach().to(param_dtype), bias.detach().to(param_dtype),
+                                                   running_mean.detach().to(param_dtype),
+                                                   running_var.detach().to(param_dtype), eps)
 
 
 def _tracing() -> bool:
@@ -301,18 +340,15 @@ class FrozenBatchNorm2d(nn.Module):
         return parts + (float(self.eps), dtype)
 
     def _fold(self, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        return torch.ops.detops.frozen_batch_norm_fold(
-            self.weight.detach().to(param_dtype), self.bias.detach().to(param_dtype),
-            self.running_mean.detach().to(param_dtype), self.running_var.detach().to(param_dtype), float(self.eps))
+        return _fold_buffers(self.weight, self.bias, self.running_mean, self.running_var, float(self.eps), dtype)
 
     @torch.jit.unused
     def scale_shift(self, dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
         """The folded ``(scale, shift)`` for inputs of ``dtype`` (float64 folds in float64),
         computed once and reused until a buffer, eps, the device or the dtype changes."""
-        param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        if _tracing():  # the fold becomes part of the graph, same op, same bits
+        if _tracing() or _is_proxy(dtype):  # the fold becomes part of the graph, same op, same bits
             return self._fold(dtype)
+        param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         key = self._fold_key(param_dtype)
         cache = self._fold_cache
         if key is not None and cache is not None and cache[0] == key:
@@ -331,14 +367,15 @@ class FrozenBatchNorm2d(nn.Module):
         return self.scale_shift(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        scale, shift = self._scale_shift(x.dtype)
-        return torch.ops.detops.frozen_batch_norm(x, scale, shift, "none", None)
+        # Indexed, not unpacked: under FX the pair is one proxy (torch 1.13 cannot unpack it).
+        scale_shift = self._scale_shift(x.dtype)
+        return torch.ops.detops.frozen_batch_norm(x, scale_shift[0], scale_shift[1], "none", None)
 
     def forward_relu(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
         """The fused tails of a ResNet block: ``relu(bn(x))``, or ``relu(bn(x) + residual)``."""
-        scale, shift = self._scale_shift(x.dtype)
+        scale_shift = self._scale_shift(x.dtype)
         epilogue = "relu" if residual is None else "add_relu"
-        return torch.ops.detops.frozen_batch_norm(x, scale, shift, epilogue, residual)
+        return torch.ops.detops.frozen_batch_norm(x, scale_shift[0], scale_shift[1], epilogue, residual)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -404,11 +441,17 @@ def _renamed_kwargs(mapping: Dict[str, str], cls_name: str):
     return decorate
 
 
-def _check_rotated_rois(owner: str, rois: Tensor) -> None:
-    # Both anchors assert this shape in Python; here it is a ValueError naming the columns.
-    if rois.dim() != 2 or rois.size(1) != 6:
-        raise ValueError(f"{owner}: rois has sizes {list(rois.shape)}; expected [K, 6] rows "
-                         "(batch_index, cx, cy, w, h, angle)")
+@torch.fx.wrap
+def _checked_rois(owner: str, rois: Tensor, columns: int) -> Tensor:
+    # The anchors assert this shape in Python; here it is a ValueError naming the columns. A leaf
+    # under FX that returns rois, so that a traced graph keeps the check (dead-code elimination
+    # drops unused leaves).
+    if not isinstance(rois, torch.Tensor):
+        raise ValueError(f"{owner}: rois is a {type(rois).__name__}; expected a [K, {columns}] tensor")
+    if rois.dim() != 2 or rois.size(1) != columns:
+        what = "(batch_index, cx, cy, w, h, angle)" if columns == 6 else "(batch_index, x1, y1, x2, y2)"
+        raise ValueError(f"{owner}: rois has sizes {list(rois.shape)}; expected [K, {columns}] rows " + what)
+    return rois
 
 
 class ROIAlignRotated(nn.Module):
@@ -434,7 +477,7 @@ class ROIAlignRotated(nn.Module):
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         """input: NCHW (or channels_last) features; rois: ``[K, 6]`` (batch index, cx, cy, w, h, angle)."""
-        _check_rotated_rois("ROIAlignRotated", rois)
+        rois = _checked_rois("ROIAlignRotated", rois, 6)
         return _roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, True, False,
                                   "degrees", self.backward_mode, self.truncation)
 
@@ -470,7 +513,7 @@ class RoIAlignRotated(nn.Module):
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         """input: NCHW (or channels_last) features; rois: ``[K, 6]`` (batch index, cx, cy, w, h, angle)."""
-        _check_rotated_rois("RoIAlignRotated", rois)
+        rois = _checked_rois("RoIAlignRotated", rois, 6)
         return _roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
                                   self.aligned, self.clockwise, "radians", self.backward_mode, self.truncation)
 
@@ -479,6 +522,23 @@ class RoIAlignRotated(nn.Module):
             f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
             f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})"
         )
+
+
+@torch.fx.wrap
+def _sampling_locations(owner: str, reference_points: Tensor, offsets: Tensor, spatial_shapes: Tensor,
+                        num_points: int) -> Tensor:
+    # The anchors' sampling locations from reference points (2 coordinates) or boxes (4); a leaf
+    # under FX, where the branch on the reference points' size would read a proxy.
+    if reference_points.shape[-1] == 2:
+        # Offsets are in pixels of each level: normalise by (W, H).
+        normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+        return reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
+    if reference_points.shape[-1] == 4:
+        # Reference boxes (cx, cy, w, h): offsets are fractions of half the box per point.
+        return (reference_points[:, :, None, :, None, :2]
+                + offsets / num_points * reference_points[:, :, None, :, None, 2:] * 0.5)
+    raise ValueError(f"{owner}: reference_points has {reference_points.shape[-1]} coordinates in its last "
+                     "dimension; expected 2 (x, y) or 4 (cx, cy, w, h)")
 
 
 class _DeformableAttention(nn.Module):
@@ -531,8 +591,8 @@ class _DeformableAttention(nn.Module):
     def _attend(self, owner: str, query: Tensor, value: Tensor, reference_points: Tensor, spatial_shapes: Tensor,
                 level_start_index: Tensor, padding_mask: Optional[Tensor]) -> Tensor:
         """query ``[B, Q, C]``, value ``[B, S, C]`` (batch first) -> ``[B, Q, C]``, output_proj applied."""
-        bs, num_query, _ = query.shape
-        _, num_value, _ = value.shape
+        bs, num_query = query.shape[0], query.shape[1]  # indexed: FX on torch 1.13 cannot unpack sizes
+        num_value = value.shape[1]
         # spatial_shapes against the value's rows is the op's check ("spatial_shapes gives N rows in
         # all"): reading the table here would make the module data-dependent under torch.compile.
         value = self.value_proj(value)
@@ -544,17 +604,7 @@ class _DeformableAttention(nn.Module):
         weights = self.attention_weights(query).view(bs, num_query, self.num_heads,
                                                      self.num_levels * self.num_points)
         weights = weights.softmax(-1).view(bs, num_query, self.num_heads, self.num_levels, self.num_points)
-        if reference_points.shape[-1] == 2:
-            # Offsets are in pixels of each level: normalise by (W, H).
-            normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-            locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
-        elif reference_points.shape[-1] == 4:
-            # Reference boxes (cx, cy, w, h): offsets are fractions of half the box per point.
-            locations = (reference_points[:, :, None, :, None, :2]
-                         + offsets / self.num_points * reference_points[:, :, None, :, None, 2:] * 0.5)
-        else:
-            raise ValueError(f"{owner}: reference_points has {reference_points.shape[-1]} coordinates in its last "
-                             "dimension; expected 2 (x, y) or 4 (cx, cy, w, h)")
+        locations = _sampling_locations(owner, reference_points, offsets, spatial_shapes, self.num_points)
         # Under autocast the softmax stays float32 while the projected value is 16-bit; mmcv casts
         # the weights to the value's dtype, as here (detops takes float32 locations as they are).
         output = ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights.to(value.dtype),
@@ -600,7 +650,7 @@ class MultiScaleDeformableAttention(_DeformableAttention):
         """query ``[Q, B, C]`` (``[B, Q, C]`` with batch_first), value ``[S, B, C]`` (default: the
         query), reference_points ``[B, Q, L, 2 or 4]``, spatial_shapes ``[L, 2]``,
         level_start_index ``[L]``; ``key`` and other keywords are ignored, as mmcv does."""
-        if "residual" in kwargs:  # mmcv's deprecated name for identity
+        if not _is_proxy(kwargs) and "residual" in kwargs:  # mmcv's deprecated name for identity (FX: none)
             warnings.warn('"residual" is deprecated in `MultiScaleDeformableAttention`, please use "identity" '
                           "instead", DeprecationWarning, stacklevel=2)
             identity = kwargs.pop("residual")
@@ -917,6 +967,6 @@ class ModulatedDeformConv2dPack(_OffsetConvCheckpoints, _MmcvModulatedDeformConv
     def forward(self, x: Tensor) -> Tensor:
         """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""
         out = self.conv_offset(x)
-        o1, o2, m = torch.chunk(out, 3, dim=1)
-        offset = torch.cat((o1, o2), dim=1)
-        return self._deform(x, offset, self.bias, torch.sigmoid(m))
+        thirds = torch.chunk(out, 3, dim=1)  # indexed, not unpacked: FX on torch 1.13 cannot unpack
+        offset = torch.cat((thirds[0], thirds[1]), dim=1)
+        return self._deform(x, offset, self.bias, torch.sigmoid(thirds[2]))
