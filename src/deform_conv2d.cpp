@@ -19,6 +19,7 @@ using internal::check_tensor;
 using internal::fail;
 using internal::sizes_str;
 constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+constexpr std::int64_t kMaxColumns = std::int64_t{1} << 55;
 
 constexpr internal::OpBackends<internal::DeformConv2dBackend> kBackends{
     &internal::kDeformConv2dCpu, DETOPS_CUDA_BACKEND(internal::kDeformConv2dCuda)};
@@ -82,18 +83,34 @@ detail::DeformConv2dShape check_arguments(const char* op, const TensorView& inpu
   if (s.Cout % s.groups != 0)
     fail(kBad, "{}: weight has sizes {}; expected Cout divisible by groups = {} (Cin / weight.sizes[1])", op,
          sizes_str(weight), s.groups);
-  const std::int64_t eff_h = s.dilation_h * (s.kh - 1) + 1, eff_w = s.dilation_w * (s.kw - 1) + 1;
-  s.Ho = (s.H + 2 * s.pad_h - eff_h) / s.stride_h + 1;
-  s.Wo = (s.W + 2 * s.pad_w - eff_w) / s.stride_w + 1;
-  if (s.H + 2 * s.pad_h < eff_h || s.W + 2 * s.pad_w < eff_w || s.Ho <= 0 || s.Wo <= 0)
+  // The output size from the options, each step checked (pad_h = INT64_MAX once wrapped H + 2 *
+  // pad_h and gave Ho = 2); the messages show the values given, never a wrapped one.
+  std::int64_t padded_h = 0, padded_w = 0, eff_h = 0, eff_w = 0;
+  if (!internal::checked_affine(2, s.pad_h, s.H, &padded_h) || !internal::checked_affine(2, s.pad_w, s.W, &padded_w))
+    fail(kBad, "{}: padding is ({}, {}) for input sizes {}; H + 2 * pad_h and W + 2 * pad_w must fit in int64; "
+         "expected a padded input below 2^63", op, s.pad_h, s.pad_w, sizes_str(input));
+  if (!internal::checked_affine(s.dilation_h, s.kh - 1, 1, &eff_h) ||
+      !internal::checked_affine(s.dilation_w, s.kw - 1, 1, &eff_w))
+    fail(kBad, "{}: dilation is ({}, {}) for a {}x{} kernel (weight sizes {}); dilation * (k - 1) + 1 must fit in "
+         "int64; expected a dilated kernel below 2^63", op, s.dilation_h, s.dilation_w, s.kh, s.kw, sizes_str(weight));
+  if (padded_h < eff_h || padded_w < eff_w)
     fail(kBad, "{}: input has sizes {}; with padding ({}, {}) it is smaller than the dilated kernel ({}, {}): no "
          "output position", op, sizes_str(input), s.pad_h, s.pad_w, eff_h, eff_w);
-  const std::int64_t taps = s.kh * s.kw;
+  s.Ho = (padded_h - eff_h) / s.stride_h + 1;  // <= 2^63 - 1: padded_h - eff_h < 2^63 - 1
+  s.Wo = (padded_w - eff_w) / s.stride_w + 1;
+  const std::int64_t taps = s.kh * s.kw;  // fits: weight's element count does
+  // One image's columns (Cin * kh * kw rows of Ho * Wo) are one workspace buffer of 4 or 8 bytes
+  // an element: more than 2^55 elements could never be allocated (nor sized in int64 below).
+  std::int64_t columns = 0;
+  if (!internal::checked_product({s.Cin, taps, s.Ho, s.Wo}, &columns) || columns > kMaxColumns)
+    fail(kBad, "{}: input with Cin = {} and a {}x{} kernel at {}x{} output positions (padding ({}, {}), dilation "
+         "({}, {}), stride ({}, {})) needs Cin * kh * kw * Ho * Wo column elements per image; expected at most 2^55",
+         op, s.Cin, s.kh, s.kw, s.Ho, s.Wo, s.pad_h, s.pad_w, s.dilation_h, s.dilation_w, s.stride_h, s.stride_w);
   if (offset.sizes[0] != s.N || offset.sizes[2] != s.Ho || offset.sizes[3] != s.Wo || offset.sizes[1] <= 0 ||
-      offset.sizes[1] % (2 * taps) != 0)
+      offset.sizes[1] / 2 % taps != 0 || offset.sizes[1] % 2 != 0)
     fail(kBad, "{}: offset has sizes {}; expected [N, 2 * offset_groups * kh * kw, Ho, Wo] = [{}, 2 * og * {}, {}, "
          "{}]", op, sizes_str(offset), s.N, taps, s.Ho, s.Wo);
-  s.offset_groups = offset.sizes[1] / (2 * taps);
+  s.offset_groups = offset.sizes[1] / 2 / taps;
   if (s.Cin % s.offset_groups != 0)
     fail(kBad, "{}: offset has {} channels, so {} offset groups; expected a divisor of Cin = {}", op, offset.sizes[1],
          s.offset_groups, s.Cin);

@@ -25,6 +25,25 @@ bool is_floating(DType t) {
   }
 }
 
+bool checked_affine(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t* out) {
+  std::int64_t ab = 0;
+  return !__builtin_mul_overflow(a, b, &ab) && !__builtin_add_overflow(ab, c, out);
+}
+
+bool checked_product(std::initializer_list<std::int64_t> factors, std::int64_t* out) {
+  std::int64_t p = 1;
+  bool over = false;
+  for (std::int64_t f : factors) {
+    if (f == 0) {
+      *out = 0;
+      return true;
+    }
+    over = over || __builtin_mul_overflow(p, f, &p);
+  }
+  if (!over) *out = p;
+  return !over;
+}
+
 std::string sizes_str(const TensorView& v) {
   std::vector<std::int64_t> s(v.sizes, v.sizes + v.rank);
   return fmt::format("[{}]", fmt::join(s, ", "));

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -342,6 +343,100 @@ TEST(DeformConv2d, BadInputThrowsAndWritesNothing) {
     EXPECT_TRUE(test::same_bytes(r.grad_offset, before.grad_offset)) << bc.what;
     EXPECT_TRUE(test::same_bytes(r.grad_mask, before.grad_mask)) << bc.what;
     EXPECT_TRUE(test::same_bytes(r.grad_bias, before.grad_bias)) << bc.what;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Size arithmetic from the options: 2 * pad_h and dilation_h * (kh - 1) were int64 products
+// that wrapped, so pad_h = INT64_MAX gave a small Ho and the call succeeded.
+
+/// The Ho (or Wo) the unchecked arithmetic gave: every step modulo 2^64, as the wrap did.
+std::int64_t wrapped_out_size(std::int64_t H, std::int64_t pad, std::int64_t dilation, std::int64_t k,
+                              std::int64_t stride) {
+  const std::uint64_t padded = static_cast<std::uint64_t>(H) + 2u * static_cast<std::uint64_t>(pad);
+  const std::uint64_t eff = static_cast<std::uint64_t>(dilation) * static_cast<std::uint64_t>(k - 1) + 1u;
+  return static_cast<std::int64_t>(padded - eff) / stride + 1;
+}
+
+TEST(DeformConv2d, OptionArithmeticThatOverflowsIsAnErrorShowingTheGivenValues) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  struct OverflowCase {
+    const char* what;
+    DeformConv2dOptions o;
+    const char* message;  // a substring of the error: the argument and the value given
+  };
+  DeformConv2dOptions pad, dil, both;
+  pad.pad_h = kMax;
+  dil.dilation_h = kMax;
+  both.pad_w = kMax / 2 + 1;
+  both.dilation_w = kMax / 2 + 1;
+  const std::vector<OverflowCase> cases = {
+      {"pad_h", pad, "padding is (9223372036854775807, 0)"},
+      {"dilation_h", dil, "dilation is (9223372036854775807, 1)"},
+      {"pad_w", both, "padding is (0, 4611686018427387904)"},
+  };
+  const std::int64_t N = 1, C = 1, H = 7, W = 7, k = 3;
+  for (const OverflowCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    // tensors shaped for the wrapped output size, so that only the arithmetic can refuse the call
+    const std::int64_t Ho = wrapped_out_size(H, c.o.pad_h, c.o.dilation_h, k, c.o.stride_h);
+    const std::int64_t Wo = wrapped_out_size(W, c.o.pad_w, c.o.dilation_w, k, c.o.stride_w);
+    ASSERT_GT(Ho, 0);
+    ASSERT_GT(Wo, 0);
+    Tensor input = Tensor::zeros({N, C, H, W}, DType::kFloat32);
+    Tensor weight = Tensor::zeros({C, C, k, k}, DType::kFloat32);
+    Tensor offset = Tensor::zeros({N, 2 * k * k, Ho, Wo}, DType::kFloat32);
+    Tensor output = Tensor::zeros({N, C, Ho, Wo}, DType::kFloat32);
+    Tensor grad_output = Tensor::zeros({N, C, Ho, Wo}, DType::kFloat32);
+    Tensor grad_input = Tensor::zeros({N, C, H, W}, DType::kFloat32);
+    Tensor grad_offset = Tensor::zeros({N, 2 * k * k, Ho, Wo}, DType::kFloat32);
+    for (Tensor* t : {&output, &grad_input, &grad_offset}) std::memset(t->view().data, 0x5a, t->nbytes());
+    const Tensor out0 = output.to(Device::cpu()), gi0 = grad_input.to(Device::cpu()),
+                 go0 = grad_offset.to(Device::cpu());
+    const DeformConv2dGrads g{grad_input, {}, grad_offset, {}, {}};
+    const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+        {"forward", [&] { deform_conv2d_forward(input, weight, offset, {}, {}, output, c.o); }},
+        {"forward workspace size",
+         [&] { (void)deform_conv2d_forward_workspace_size(input, weight, offset, {}, {}, output, c.o); }},
+        {"backward", [&] { deform_conv2d_backward(grad_output, input, weight, offset, {}, g, c.o, {}); }},
+        {"backward workspace size",
+         [&] { (void)deform_conv2d_backward_workspace_size(grad_output, input, weight, offset, {}, g, c.o, {}); }},
+    };
+    for (const auto& [call, run] : calls) {
+      try {
+        run();
+        ADD_FAILURE() << call << " succeeded";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << call;
+        EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << call << ": " << e.what();
+      }
+    }
+    EXPECT_TRUE(test::same_bytes(output, out0));
+    EXPECT_TRUE(test::same_bytes(grad_input, gi0));
+    EXPECT_TRUE(test::same_bytes(grad_offset, go0));
+  }
+}
+
+TEST(DeformConv2d, ColumnsPerImageBeyondAnyMemoryAreAnError) {
+  // Broadcast (stride-0) views: 2^30 input channels and an output of 2^33 + 1 rows from a padding
+  // of 2^32 need 2^63+ column elements per image, a product that no longer fits in int64.
+  float cells[2] = {0, 0};  // the inputs at cells[0], the output's span from cells[1] on
+  float* cell = &cells[0];
+  const std::int64_t Cin = std::int64_t{1} << 30, pad = std::int64_t{1} << 32, Ho = 2 * pad + 1;
+  const TensorView input(cell, DType::kFloat32, Device::cpu(), {1, Cin, 1, 1}, {0, 0, 0, 0});
+  const TensorView weight(cell, DType::kFloat32, Device::cpu(), {1, Cin, 1, 1}, {0, 0, 0, 0});
+  const TensorView offset(cell, DType::kFloat32, Device::cpu(), {1, 2, Ho, 1}, {0, 0, 0, 0});
+  // a non-overlapping output view that is never written: only the size query is called
+  const TensorView out(&cells[1], DType::kFloat32, Device::cpu(), {1, 1, Ho, 1}, {0, 0, 1, 0});
+  DeformConv2dOptions o;
+  o.pad_h = pad;
+  try {
+    (void)deform_conv2d_forward_workspace_size(input, weight, offset, {}, {}, out, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("Cin = 1073741824 and a 1x1 kernel at 8589934593x1 output positions"),
+              std::string::npos) << e.what();
   }
 }
 

@@ -2,6 +2,7 @@
 // with "<op>: <argument> <what was given>; expected <what>".
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -22,6 +23,13 @@ void check_same_device(const char* op, const char* name, const TensorView& v, co
 /// `out` either is `in` exactly (same data and strides: an in-place call) or shares no byte with it.
 void check_no_partial_overlap(const char* op, const char* out_name, const TensorView& out, const char* in_name,
                               const TensorView& in, bool allow_in_place);
+
+/// a * b + c in int64 into *out, or false when a step does not fit: size arithmetic from options
+/// (padding, dilation, pooled sizes) checked as TensorView's own sizes are.
+bool checked_affine(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t* out);
+/// The product of non-negative factors into *out (0 when one is 0, whatever the others), or false
+/// when it does not fit in int64.
+bool checked_product(std::initializer_list<std::int64_t> factors, std::int64_t* out);
 
 /// A floating dtype (float32, float64, float16, bfloat16).
 void check_floating(const char* op, const char* name, const TensorView& v);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,13 +46,48 @@ struct DeformConv2dCase {
 };
 
 /// The output extent torchvision's formula gives (<= 0: no output position), or 0 for options the
-/// library refuses anyway (the specs still need a size).
+/// library refuses anyway (the specs still need a size), including an in + 2 * pad or a dilated
+/// kernel beyond int64 (the library's error: it must never wrap them).
 inline std::int64_t deform_out_size(std::int64_t in, std::int64_t pad, std::int64_t k, std::int64_t stride,
                                     std::int64_t dilation) {
   if (stride <= 0 || dilation <= 0 || pad < 0 || k <= 0) return 0;
-  const std::int64_t eff = dilation * (k - 1) + 1;
-  if (in + 2 * pad < eff) return 0;
-  return (in + 2 * pad - eff) / stride + 1;
+  std::int64_t padded = 0, eff = 0;
+  if (__builtin_mul_overflow(pad, 2, &padded) || __builtin_add_overflow(padded, in, &padded) ||
+      __builtin_mul_overflow(dilation, k - 1, &eff) || __builtin_add_overflow(eff, 1, &eff))
+    return 0;
+  if (padded < eff) return 0;
+  return (padded - eff) / stride + 1;
+}
+
+/// The extent the unchecked formula gave, every step modulo 2^64 as the wrap did (pad = INT64_MAX:
+/// a small positive Ho): the decoder sizes the tensors by it, so only the library's overflow check
+/// can refuse such a call.
+inline std::int64_t deform_wrapped_out_size(std::int64_t in, std::int64_t pad, std::int64_t k, std::int64_t stride,
+                                            std::int64_t dilation) {
+  if (stride <= 0 || dilation <= 0 || pad < 0 || k <= 0) return 0;
+  const std::uint64_t padded = static_cast<std::uint64_t>(in) + 2u * static_cast<std::uint64_t>(pad);
+  const std::uint64_t eff = static_cast<std::uint64_t>(dilation) * static_cast<std::uint64_t>(k - 1) + 1u;
+  const auto diff = static_cast<std::int64_t>(padded - eff);
+  return diff < 0 ? 0 : diff / stride + 1;
+}
+
+/// The size the decoder gives the Ho / Wo dimensions: the true extent when it is small, else the
+/// wrapped one when that is small, else 1 (a mismatch the library must refuse).
+inline std::int64_t deform_spec_out_size(std::int64_t in, std::int64_t pad, std::int64_t k, std::int64_t stride,
+                                         std::int64_t dilation) {
+  const std::int64_t exact = deform_out_size(in, pad, k, stride, dilation);
+  if (exact >= 1 && exact <= 16) return exact;
+  const std::int64_t wrapped = deform_wrapped_out_size(in, pad, k, stride, dilation);
+  return wrapped >= 1 && wrapped <= 16 ? wrapped : 1;
+}
+
+/// An option value far beyond any map: ones whose 2 * pad or dilation * (k - 1) wrapped int64
+/// once, and ones that fit but give a huge output (or, as a stride, one output position).
+inline std::int64_t deform_huge_option(Reader& r) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  static const std::int64_t kHuge[] = {kMax,      kMax - 1, kMax / 2, kMax / 2 + 1, std::int64_t{1} << 61,
+                                       std::int64_t{1} << 40, (std::int64_t{1} << 32) + 3};
+  return kHuge[r.u8() % (sizeof(kHuge) / sizeof(kHuge[0]))];
 }
 
 /// The documented argument rules (include/detops/deform_conv2d.h) applied to the decoded specs:
@@ -98,6 +134,12 @@ inline void deform_validate(const Spec* s, const bool* present, bool backward, D
     return;
   }
   const std::int64_t taps = c->kh * c->kw;
+  std::int64_t columns = 0;  // one image's columns: more than 2^55 elements is an error
+  if (__builtin_mul_overflow(c->Cin, taps, &columns) || __builtin_mul_overflow(columns, c->Ho, &columns) ||
+      __builtin_mul_overflow(columns, c->Wo, &columns) || columns > (std::int64_t{1} << 55)) {
+    expect_error(e);
+    return;
+  }
   if (off.sizes[0] != c->N || off.sizes[2] != c->Ho || off.sizes[3] != c->Wo || off.sizes[1] <= 0 ||
       off.sizes[1] % (2 * taps) != 0) {
     expect_error(e);
@@ -170,9 +212,8 @@ inline DeformConv2dCase decode_deform_conv2d(Reader& r, Arena& arena, bool backw
   o.stride_w = r.one_in(8) ? 3 : r.range(1, 2);
   o.pad_h = r.range(0, 2), o.pad_w = r.range(0, 2);
   o.dilation_h = r.range(1, 2), o.dilation_w = r.range(1, 2);
-  if (r.one_in(32)) {  // an option the library refuses (or, for a zero pad, a valid one)
-    const std::int64_t v = r.range(-2, 0);
-    switch (r.u8() % 6) {
+  auto set_option = [&o](std::uint8_t which, std::int64_t v) {
+    switch (which % 6) {
       case 0: o.stride_h = v; break;
       case 1: o.stride_w = v; break;
       case 2: o.dilation_h = v; break;
@@ -180,6 +221,14 @@ inline DeformConv2dCase decode_deform_conv2d(Reader& r, Arena& arena, bool backw
       case 4: o.pad_h = v; break;
       default: o.pad_w = v; break;
     }
+  };
+  if (r.one_in(32)) {  // an option the library refuses (or, for a zero pad, a valid one)
+    const std::int64_t v = r.range(-2, 0);
+    set_option(r.u8(), v);
+  }
+  for (int huge = r.one_in(16) ? 1 + r.u8() % 2 : 0; huge > 0; --huge) {  // checked size arithmetic
+    const std::int64_t v = deform_huge_option(r);
+    set_option(r.u8(), v);
   }
   if (backward) {
     const int m = r.u8() % 32;
@@ -194,8 +243,8 @@ inline DeformConv2dCase decode_deform_conv2d(Reader& r, Arena& arena, bool backw
   c.has_grad[3] = c.has_grad[3] && c.has_mask;
   c.has_grad[4] = c.has_bias;
   if (backward && !c.has_mask && r.one_in(24)) c.has_grad[3] = true;  // grad_mask without mask: an error
-  const std::int64_t Ho = std::max<std::int64_t>(deform_out_size(H, o.pad_h, kh, o.stride_h, o.dilation_h), 1);
-  const std::int64_t Wo = std::max<std::int64_t>(deform_out_size(W, o.pad_w, kw, o.stride_w, o.dilation_w), 1);
+  const std::int64_t Ho = deform_spec_out_size(H, o.pad_h, kh, o.stride_h, o.dilation_h);
+  const std::int64_t Wo = deform_spec_out_size(W, o.pad_w, kw, o.stride_w, o.dilation_w);
 
   // nominal sizes, then one size, rank or dtype changed now and then
   std::int64_t sizes[11][4] = {{N, Cin, H, W},           {Cout, cpg, kh, kw},      {N, 2 * og * kh * kw, Ho, Wo},
