@@ -120,6 +120,17 @@ def _is_proxy(value) -> bool:
     return isinstance(value, torch.fx.Proxy)
 
 
+def _roi_options_repr(module: nn.Module) -> str:
+    """", backward_mode=..., truncation=..." for the options that are not the defaults (so a default
+    module's repr is its peer's)."""
+    parts = ""
+    if module.backward_mode != "exact":
+        parts += f", backward_mode={module.backward_mode!r}"
+    if module.truncation != "float16":
+        parts += f", truncation={module.truncation!r}"
+    return parts
+
+
 class RoIAlign(nn.Module):
     """torchvision's ``RoIAlign`` (see :func:`detops_torch.roi_align`)."""
 
@@ -147,9 +158,10 @@ class RoIAlign(nn.Module):
                           self.backward_mode, self.truncation, "avg")
 
     def __repr__(self) -> str:
+        # torchvision's, then the detops options that are not their defaults.
         return (
             f"{self.__class__.__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
-            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, backward_mode={self.backward_mode!r})"
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}{_roi_options_repr(self)})"
         )
 
 
@@ -257,9 +269,10 @@ class MultiScaleRoIAlign(nn.Module):
         )
 
     def __repr__(self) -> str:
+        # torchvision's, then the detops options that are not their defaults.
         return (
             f"{self.__class__.__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
-            f"sampling_ratio={self.sampling_ratio}, backward_mode={self.backward_mode!r})"
+            f"sampling_ratio={self.sampling_ratio}{_roi_options_repr(self)})"
         )
 
 

@@ -188,6 +188,20 @@ class TorchvisionParityTest(unittest.TestCase):
             ours = detops_torch.MultiScaleRoIAlign(names, 4, 1, canonical_scale=112, canonical_level=3)
             assert_bitwise_equal(self, ours(feats, boxes, shapes), ref(feats, boxes, shapes), str(names))
 
+    def test_repr_is_torchvisions(self):
+        # A default module prints as torchvision's (issue 27: MultiScaleRoIAlign added its mode);
+        # the detops options show only when they are not the defaults.
+        self.assertEqual(repr(detops_torch.MultiScaleRoIAlign(["0", "p3"], (3, 5), 2)),
+                         repr(TvMultiScaleRoIAlign(["0", "p3"], (3, 5), 2)))
+        self.assertEqual(repr(detops_torch.RoIAlign((3, 5), 0.25, 2, True)),
+                         repr(torchvision.ops.RoIAlign((3, 5), 0.25, 2, True)))
+        self.assertEqual(repr(detops_torch.MultiScaleRoIAlign(["0"], 7, 2, backward_mode="truncated",
+                                                              truncation="bfloat16")),
+                         "MultiScaleRoIAlign(featmap_names=['0'], output_size=(7, 7), sampling_ratio=2, "
+                         "backward_mode='truncated', truncation='bfloat16')")
+        self.assertTrue(repr(detops_torch.RoIAlign(7, 1.0, 2, backward_mode="atomic")).endswith(
+            "aligned=False, backward_mode='atomic')"))
+
 
 class GradcheckTest(unittest.TestCase):
     def test_gradcheck_every_mode(self):
