@@ -359,8 +359,9 @@ def ms_deform_attn(
         value_level_start_index: ``[L]`` int64, the first row of each level in ``S``.
         sampling_locations: ``[B, Q, M, L, P, 2]`` (x, y) in [0, 1]; float32/float64 or the value's
             dtype.
-        attention_weights: ``[B, Q, M, L, P]`` in the value's dtype (not cast: mmcv's Function casts
-            it; the modules here do the same).
+        attention_weights: ``[B, Q, M, L, P]``; a floating-point one is cast to the value's dtype first,
+            as mmcv's Function does (so float32 weights go with a 16-bit value; their gradient comes
+            back in their own dtype). The locations are not cast: they keep their precision.
         backward_mode: ``"exact"`` (bitwise reproducible, the default) or ``"atomic"`` (the
             anchors' scatter of the value gradient; not reproducible on GPUs).
 
@@ -368,6 +369,8 @@ def ms_deform_attn(
         ``[B, Q, M * D]`` in the value's dtype. Gradients flow to ``value``,
         ``sampling_locations`` and ``attention_weights``, each computed only when needed.
     """
+    if attention_weights.dtype != value.dtype and attention_weights.is_floating_point() and value.is_floating_point():
+        attention_weights = attention_weights.to(value.dtype)
     return torch.ops.detops.ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
                                            attention_weights, backward_mode)
 

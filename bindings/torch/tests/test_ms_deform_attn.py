@@ -93,6 +93,24 @@ class CompositionParityTest(unittest.TestCase):
         ref = composition(value.double(), spatial, loc.float().double(), attn.double())
         torch.testing.assert_close(out.double(), ref, rtol=4e-3, atol=4e-3)
 
+    def test_weights_cast_to_the_value_dtype_as_mmcv(self):
+        # mmcv's Function casts the attention weights to the value's dtype: a 16-bit value with
+        # float32 weights (autocast's softmax) works (issue 27: it raised); the locations keep
+        # their precision, and the weights' gradient comes back in their dtype.
+        for dtype in (torch.float16, torch.bfloat16):
+            value, spatial, start, loc, attn, _ = _inputs(12, dtype=dtype)
+            loc32 = loc.float().requires_grad_(True)
+            attn32 = attn.float().requires_grad_(True)
+            out = detops_torch.ms_deform_attn(value, spatial, start, loc32, attn32)
+            expected = torch.ops.detops.ms_deform_attn(value, spatial, start, loc.float(), attn.float().to(dtype))
+            assert_bitwise_equal(self, out, expected, f"{dtype} value, float32 weights")
+            out.float().sum().backward()
+            self.assertEqual((attn32.grad.dtype, loc32.grad.dtype), (torch.float32, torch.float32))
+        value, spatial, start, loc, attn, _ = _inputs(13, dtype=torch.float32)
+        assert_bitwise_equal(self, detops_torch.ms_deform_attn(value, spatial, start, loc.double(), attn.double()),
+                             torch.ops.detops.ms_deform_attn(value, spatial, start, loc.double(), attn),
+                             "float64 weights with a float32 value, float64 locations kept")
+
 
 class GradientTest(unittest.TestCase):
     def test_gradcheck(self):
@@ -237,7 +255,7 @@ class BadInputTest(unittest.TestCase):
             ("level_start_index", lambda: msda(value, spatial, wrong_start, loc, attn)),
             ("spatial_shapes|S", lambda: msda(value[:, 1:], spatial, start, loc, attn)),  # S != sum of H*W
             ("spatial_shapes", lambda: msda(value, spatial.int(), start, loc, attn)),
-            ("attention_weights", lambda: msda(value, spatial, start, loc, attn.double())),
+            ("attention_weights", lambda: torch.ops.detops.ms_deform_attn(value, spatial, start, loc, attn.double())),
             ("dtype", lambda: msda(value.long(), spatial, start, loc, attn)),
             ("mode.*'truncated'", lambda: msda(value, spatial, start, loc, attn, "truncated")),
         ]
