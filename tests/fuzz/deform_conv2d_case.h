@@ -68,7 +68,8 @@ inline std::int64_t deform_wrapped_out_size(std::int64_t in, std::int64_t pad, s
   const std::uint64_t padded = static_cast<std::uint64_t>(in) + 2u * static_cast<std::uint64_t>(pad);
   const std::uint64_t eff = static_cast<std::uint64_t>(dilation) * static_cast<std::uint64_t>(k - 1) + 1u;
   const auto diff = static_cast<std::int64_t>(padded - eff);
-  return diff < 0 ? 0 : diff / stride + 1;
+  if (diff < 0 || diff / stride == std::numeric_limits<std::int64_t>::max()) return 0;
+  return diff / stride + 1;
 }
 
 /// The size the decoder gives the Ho / Wo dimensions: the true extent when it is small, else the
