@@ -99,13 +99,15 @@ void deform_conv2d_forward(const TensorView& input, const TensorView& weight, co
                            const DeformConv2dOptions& options, const Context& ctx = {}, Workspace workspace = {});
 
 /// The backward's gradients; each may be an empty view (not computed). grad_mask must be empty
-/// when mask is; grad_bias when bias is.
+/// when mask is. The backward takes no bias (its gradient does not depend on it): a given
+/// grad_bias, [Cout] of input's dtype, gets grad_output summed over (n, ho, wo), whether or not
+/// the forward had a bias.
 struct DeformConv2dGrads {
   TensorView grad_input;   // like input
   TensorView grad_weight;  // like weight
   TensorView grad_offset;  // like offset
   TensorView grad_mask;    // like mask
-  TensorView grad_bias;    // like bias
+  TensorView grad_bias;    // [Cout]
 };
 
 /// Bytes of workspace deform_conv2d_backward needs for these arguments.
