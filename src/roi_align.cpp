@@ -51,6 +51,13 @@ void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOption
                          pooled_name);
 }
 
+/// pool_mode is an enumerator (PoolMode(7) was once pooled as avg).
+void check_pool_mode(const char* op, const RoiAlignOptions& o) {
+  if (o.pool_mode != PoolMode::kAvg && o.pool_mode != PoolMode::kMax)
+    fail(ErrorCode::kInvalidArgument, "{}: pool_mode {} is unknown; expected avg or max", op,
+         static_cast<int>(o.pool_mode));
+}
+
 /// Turns a failed roi check into the documented error.
 void raise_roi_error(const char* op, const internal::RoiCheck& c, const detail::RoiAlignShape& s) {
   using detail::RoiStatus;
@@ -88,6 +95,7 @@ internal::RoiAlignCall validate_forward(const TensorView& input, const TensorVie
                                         const RoiAlignOptions& o, const TensorView& argmax) {
   const char* op = "roi_align_forward";
   internal::check_pooling_options(op, o);
+  check_pool_mode(op, o);
   internal::check_tensor(op, "input", input, 4);
   internal::check_floating(op, "input", input);
   internal::check_rois_tensor(op, rois, 5, kRoiRow, input, "input");
@@ -108,6 +116,7 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
                                          bool argmax_required = true) {
   const char* op = argmax_required ? "roi_align_backward" : "roi_align_backward_workspace_size";
   internal::check_pooling_options(op, o);
+  check_pool_mode(op, o);
   internal::check_backward_options(op, b);
   internal::check_tensor(op, "grad_input", grad_input, 4);
   internal::check_floating(op, "grad_input", grad_input);

@@ -59,11 +59,33 @@ bool checked_span(int rank, const std::int64_t* sizes, const std::int64_t* strid
   return true;
 }
 
+/// The caller's enumerations: a value outside DType, DeviceType or Layout (a cast integer, a
+/// newer header) is an error, never read as its neighbour (DType(200) once sized 4-byte elements).
+void check_kinds(const char* who, DType dtype, Device device, Layout layout) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kInt32:
+    case DType::kInt64: break;
+    default:
+      internal::fail(kBad, "{}: dtype is {}, not a DType; expected float32, float64, float16, bfloat16, int32 or "
+                     "int64", who, static_cast<int>(dtype));
+  }
+  if (!device.is_cpu() && !device.is_cuda())
+    internal::fail(kBad, "{}: device type is {}, not a DeviceType; expected cpu or cuda", who,
+                   static_cast<int>(device.type));
+  if (layout != Layout::kNCHW && layout != Layout::kNHWC)
+    internal::fail(kBad, "{}: layout is {}, not a Layout; expected NCHW or NHWC", who, static_cast<int>(layout));
+}
+
 /// The one validating constructor behind every TensorView constructor: rank in [0, kMaxRank],
 /// sizes and strides >= 0, and an extent that fits (see tensor.h). strides == nullptr:
 /// contiguous in `layout`.
 void init_view(const char* who, TensorView& v, int rank, const std::int64_t* sizes, const std::int64_t* strides,
                Layout layout = Layout::kNCHW) {
+  check_kinds(who, v.dtype, v.device, layout);
   if (rank < 0 || rank > kMaxRank)
     internal::fail(kBad, "{}: rank is {}; expected a rank in [0, {}]", who, rank, kMaxRank);
   if (rank > 0 && sizes == nullptr)
@@ -114,6 +136,7 @@ std::shared_ptr<void> allocate_storage(const char* op, std::size_t bytes, Device
 }  // namespace
 
 void contiguous_strides(int rank, const std::int64_t* sizes, std::int64_t* strides, Layout layout) {
+  check_kinds("contiguous_strides", DType::kFloat32, Device::cpu(), layout);
   auto dim = [&](int d) { return std::max<std::int64_t>(sizes[d], 1); };
   auto mul = [&](std::int64_t a, std::int64_t b) {
     std::int64_t r = 0;
@@ -273,6 +296,7 @@ void Tensor::fill_bytes(unsigned char value) {
 }
 
 Tensor Tensor::to(Device device) const {
+  check_kinds("Tensor::to", view_.dtype, device, Layout::kNCHW);
   Tensor t;
   t.view_ = view_;
   t.view_.device = device;

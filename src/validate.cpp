@@ -94,6 +94,9 @@ void check_tensor(const char* op, const char* name, const TensorView& v, int ran
   if (count > 0 && static_cast<std::uint64_t>(span) > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(v.data))
     fail(kBad, "{}: {} spans {} bytes from address {}, past the end of the address space; expected data + span to fit",
          op, name, span, v.data);
+  if (!v.device.is_cpu() && !v.device.is_cuda())
+    fail(kBad, "{}: {} has device type {}, not a DeviceType; expected cpu or cuda", op, name,
+         static_cast<int>(v.device.type));
   if (v.device.is_cuda() && v.device.index < 0)
     fail(kBad, "{}: {} is on cuda:{}; expected a device index >= 0", op, name, v.device.index);
 }

@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "detops/detail/roi_align_math.h"
 #include "reference/roi_align_reference.h"
@@ -906,6 +907,40 @@ TEST(RoiAlignRegressions, UnknownDTypesAreRejected) {
     EXPECT_THROW(roi_align_backward_workspace_size(ou, rois, gi, o, {}), Error) << raw;
   }
   EXPECT_EQ(0, std::memcmp(poison.data(), out.view().data, out.nbytes()));  // untouched
+}
+
+// PoolMode(7) was pooled as avg; every entry point now refuses a pool_mode outside the enum.
+TEST(RoiAlignRegressions, UnknownPoolModesAreRejected) {
+  Tensor input = make_tensor({1, 1, 4, 4}, DType::kFloat32, test::random_values(16, 3));
+  Tensor rois = make_tensor({1, 5}, DType::kFloat32, {0, 0, 0, 2, 2});
+  Tensor out = Tensor::empty({1, 1, 2, 2}, DType::kFloat32);
+  Tensor grad_input = Tensor::empty({1, 1, 4, 4}, DType::kFloat32);
+  out.fill_bytes(0xA5);
+  grad_input.fill_bytes(0xA5);
+  const Tensor out0 = out.to(Device::cpu()), gi0 = grad_input.to(Device::cpu());
+  RoiAlignOptions o;
+  o.pooled_height = o.pooled_width = 2;
+  for (int raw : {2, 7, 255}) {
+    o.pool_mode = static_cast<PoolMode>(raw);
+    const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+        {"roi_align_forward", [&] { roi_align_forward(input, rois, out, o); }},
+        {"roi_align_backward", [&] { roi_align_backward(out0, rois, grad_input, o, {}); }},
+        {"roi_align_backward_workspace_size",
+         [&] { (void)roi_align_backward_workspace_size(out0, rois, grad_input, o, {}); }},
+    };
+    for (const auto& [op, run] : calls) {
+      try {
+        run();
+        ADD_FAILURE() << op << ": no error for pool_mode " << raw;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_EQ(std::string(e.what()), std::string(op) + ": pool_mode " + std::to_string(raw) +
+                                             " is unknown; expected avg or max");
+      }
+    }
+  }
+  EXPECT_TRUE(test::same_bytes(out, out0));
+  EXPECT_TRUE(test::same_bytes(grad_input, gi0));
 }
 
 }  // namespace

@@ -366,6 +366,52 @@ TEST(Tensor, EmptyAndZerosFromAVector) {
   EXPECT_EQ(e.nbytes(), 8u);
 }
 
+// Tensor::empty with DType(200) once returned a 16-byte tensor (4-byte elements assumed): every
+// enumeration the caller hands over is checked.
+TEST(Tensor, ValuesOutsideTheEnumerationsAreRejected) {
+  auto message_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const DType bad_dtype = static_cast<DType>(200);
+  const Device bad_device{static_cast<DeviceType>(7), 0};
+  const Layout bad_layout = static_cast<Layout>(9);
+  EXPECT_EQ(message_of([&] { Tensor::empty({2, 2}, bad_dtype); }),
+            "Tensor::empty: dtype is 200, not a DType; expected float32, float64, float16, bfloat16, int32 or int64");
+  EXPECT_EQ(message_of([&] { Tensor::zeros(std::vector<std::int64_t>{2, 2}, static_cast<DType>(6)); }),
+            "Tensor::empty: dtype is 6, not a DType; expected float32, float64, float16, bfloat16, int32 or int64");
+  EXPECT_EQ(message_of([&] { Tensor::empty({2, 2}, DType::kFloat32, bad_device); }),
+            "Tensor::empty: device type is 7, not a DeviceType; expected cpu or cuda");
+  EXPECT_EQ(message_of([&] { Tensor::empty({1, 2, 3, 4}, DType::kFloat32, Device::cpu(), bad_layout); }),
+            "Tensor::empty: layout is 9, not a Layout; expected NCHW or NHWC");
+  Tensor t = Tensor::zeros({1, 2, 3, 4}, DType::kFloat32);
+  EXPECT_EQ(message_of([&] { (void)t.contiguous(bad_layout); }),
+            "Tensor::empty: layout is 9, not a Layout; expected NCHW or NHWC");
+  EXPECT_EQ(message_of([&] { (void)t.to(bad_device); }),
+            "Tensor::to: device type is 7, not a DeviceType; expected cpu or cuda");
+  std::int64_t strides[4];
+  const std::int64_t sizes[4] = {1, 2, 3, 4};
+  EXPECT_EQ(message_of([&] { contiguous_strides(4, sizes, strides, bad_layout); }),
+            "contiguous_strides: layout is 9, not a Layout; expected NCHW or NHWC");
+  float cell = 0;
+  EXPECT_EQ(message_of([&] { (void)TensorView(&cell, bad_dtype, Device::cpu(), {1}); }),
+            "TensorView: dtype is 200, not a DType; expected float32, float64, float16, bfloat16, int32 or int64");
+  EXPECT_EQ(message_of([&] { (void)TensorView(&cell, DType::kFloat32, bad_device, {1}); }),
+            "TensorView: device type is 7, not a DeviceType; expected cpu or cuda");
+  // a view whose fields were assigned: the op's own check
+  Tensor yt = Tensor::zeros({1, 2, 3, 4}, DType::kFloat32);
+  TensorView x = t.view(), y = yt.view();
+  Tensor scale = Tensor::zeros({2}, DType::kFloat32), shift = Tensor::zeros({2}, DType::kFloat32);
+  x.device = bad_device;
+  EXPECT_EQ(message_of([&] { frozen_batch_norm_forward(x, scale, shift, y); }),
+            "frozen_batch_norm_forward: x has device type 7, not a DeviceType; expected cpu or cuda");
+}
+
 TEST(Context, NegativeNumThreadsIsAnError) {
   Context c;
   c.num_threads = -3;
