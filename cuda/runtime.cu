@@ -35,10 +35,10 @@ void check_allocation(cudaError_t status, const char* call, const char* op, std:
 }
 }  // namespace
 
-void* cuda_malloc(std::size_t bytes, Device d) {
-  DeviceGuard guard(d.index, "cuda_malloc");
+void* cuda_malloc(std::size_t bytes, Device d, const char* op) {
+  DeviceGuard guard(d.index, op);
   void* p = nullptr;
-  check_allocation(cudaMalloc(&p, bytes), "cudaMalloc", "Tensor", bytes, d);
+  check_allocation(cudaMalloc(&p, bytes), "cudaMalloc", op, bytes, d);
   return p;
 }
 

@@ -20,7 +20,7 @@ int cuda_devices(std::string* why) {
   if (why) *why = "this build of detops has no CUDA backend (configure with DETOPS_CUDA=ON)";
   return 0;
 }
-void* cuda_malloc(std::size_t, Device) { not_compiled("cuda_malloc"); }
+void* cuda_malloc(std::size_t, Device, const char* op) { not_compiled(op); }
 void cuda_free(void*, Device) noexcept {}
 void* cuda_malloc_async(std::size_t, Device, void*) { not_compiled("cuda_malloc_async"); }
 void cuda_free_async(void*, Device, void*) noexcept {}

@@ -130,7 +130,7 @@ std::shared_ptr<void> allocate_storage(const char* op, std::size_t bytes, Device
                      alloc > kMaxCpuAllocation ? " (more than 2^57 bytes, beyond any 64-bit address space)" : "");
     return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t{64}); });
   }
-  void* p = internal::cuda_malloc(alloc, device);
+  void* p = internal::cuda_malloc(alloc, device, op);
   return std::shared_ptr<void>(p, [device](void* q) { internal::cuda_free(q, device); });
 }
 }  // namespace

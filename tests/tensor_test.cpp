@@ -412,6 +412,42 @@ TEST(Tensor, ValuesOutsideTheEnumerationsAreRejected) {
             "frozen_batch_norm_forward: x has device type 7, not a DeviceType; expected cpu or cuda");
 }
 
+// A caller's allocator that throws std::bad_alloc (operator new inside it) once passed it through;
+// the default allocator's kOutOfMemory did not name the op. Both are kOutOfMemory naming the op.
+TEST(Context, AllocatorFailuresAreOutOfMemoryNamingTheOp) {
+  struct Throwing final : Allocator {
+    bool as_error = false;
+    void* allocate(std::size_t bytes, Device, void*) override {
+      if (as_error)  // as default_allocator() reports a failure
+        throw Error(ErrorCode::kOutOfMemory, "workspace: cannot allocate " + std::to_string(bytes) + " bytes on the CPU");
+      throw std::bad_alloc();
+    }
+    void deallocate(void*, std::size_t, Device, void*) override {}
+  } alloc;
+  Tensor input = Tensor::zeros({1, 2, 5, 5}, DType::kFloat32), weight = Tensor::zeros({3, 2, 3, 3}, DType::kFloat32);
+  Tensor offset = Tensor::zeros({1, 18, 3, 3}, DType::kFloat32), output = Tensor::zeros({1, 3, 3, 3}, DType::kFloat32);
+  output.fill_bytes(0xA5);
+  const Tensor before = output.to(Device::cpu());
+  Context ctx;
+  ctx.allocator = &alloc;
+  const std::size_t need = deform_conv2d_forward_workspace_size(input, weight, offset, {}, {}, output, {});
+  for (bool as_error : {false, true}) {
+    alloc.as_error = as_error;
+    try {
+      deform_conv2d_forward(input, weight, offset, {}, {}, output, {}, ctx);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+      const std::string want = fmt::format("deform_conv2d_forward: workspace: cannot allocate {} bytes on {}", need,
+                                           as_error ? "the CPU" : "cpu: the allocator threw std::bad_alloc");
+      EXPECT_EQ(std::string(e.what()), want);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a detops::Error: " << e.what();
+    }
+  }
+  EXPECT_TRUE(test::same_bytes(output, before));
+}
+
 TEST(Context, NegativeNumThreadsIsAnError) {
   Context c;
   c.num_threads = -3;

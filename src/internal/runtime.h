@@ -13,8 +13,8 @@ namespace internal {
 bool cuda_backend_compiled();
 /// Visible devices; 0 when none or when the runtime fails, and then `why` (when given) says which.
 int cuda_devices(std::string* why = nullptr);
-/// Synchronous allocation and free (for Tensor).
-void* cuda_malloc(std::size_t bytes, Device d);
+/// Synchronous allocation and free (for Tensor); a failure is kOutOfMemory naming `op`.
+void* cuda_malloc(std::size_t bytes, Device d, const char* op);
 void cuda_free(void* p, Device d) noexcept;
 /// Stream-ordered allocation and free (for workspace).
 void* cuda_malloc_async(std::size_t bytes, Device d, void* stream);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <new>
 
 #include "detops/context.h"
 #include "detops/tensor.h"
@@ -61,7 +62,15 @@ class Scratch {
       raw_ = given.data;
     } else {
       alloc_ = ctx.allocator ? ctx.allocator : &default_allocator();
-      raw_ = alloc_->allocate(need, device, stream_);
+      try {
+        raw_ = alloc_->allocate(need, device, stream_);
+      } catch (const std::bad_alloc&) {  // a caller's allocator (operator new inside it): kOutOfMemory
+        fail(ErrorCode::kOutOfMemory, "{}: workspace: cannot allocate {} bytes on {}: the allocator threw "
+             "std::bad_alloc", op, need, to_string(device));
+      } catch (const Error& e) {  // the default allocator's failure, which does not know the op
+        if (e.code() != ErrorCode::kOutOfMemory) throw;
+        fail(ErrorCode::kOutOfMemory, "{}: {}", op, e.what());
+      }
       if (!raw_) fail(ErrorCode::kOutOfMemory, "{}: the allocator returned no memory for {} bytes of workspace", op, need);
       bytes_ = need;
     }
