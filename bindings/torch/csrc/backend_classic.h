@@ -36,6 +36,12 @@ inline std::string_view sv(Str s) { return std::string_view(s.data(), s.size());
 inline Tensor undefined() { return Tensor(); }
 inline std::vector<int64_t> sizes_of(const Tensor& t) { return t.sizes().vec(); }
 inline bool is_cuda(const Tensor& t) { return t.is_cuda(); }
+/// Whether t holds float32, float64, float16 or bfloat16, and torch's name of its dtype.
+inline bool is_float(const Tensor& t) {
+  const auto type = t.scalar_type();
+  return type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16;
+}
+inline std::string dtype_name(const Tensor& t) { return c10::toString(t.scalar_type()); }
 /// torch's own answer (suggest_memory_format), so outputs keep the layout torch would give them.
 inline bool is_channels_last(const Tensor& t) {
   return t.dim() == 4 && t.suggest_memory_format() == at::MemoryFormat::ChannelsLast;

@@ -56,6 +56,14 @@ inline std::vector<int64_t> sizes_of(const Tensor& t) {
 }
 
 inline bool is_cuda(const Tensor& t) { return t.is_cuda(); }
+/// Whether t holds float32, float64, float16 or bfloat16, and torch's name of its dtype.
+inline bool is_float(const Tensor& t) {
+  using torch::headeronly::ScalarType;
+  const ScalarType type = t.scalar_type();
+  return type == ScalarType::Float || type == ScalarType::Double || type == ScalarType::Half ||
+         type == ScalarType::BFloat16;
+}
+inline std::string dtype_name(const Tensor& t) { return torch::headeronly::toString(t.scalar_type()); }
 
 /// torch's suggest_memory_format() for 4-d tensors (c10's is_channels_last_strides_2d_s4), which
 /// the stable ABI does not offer: the same answer, so outputs get the layout the classic layer

@@ -135,6 +135,15 @@ inline void require_dim(const char* op, const char* arg, const Tensor& t, int64_
   }
 }
 
+/// The ops compute in floating point: the tensor an output is made like is checked first, so that
+/// a bool, complex or integer one is refused under its own name, with the dtypes the op takes
+/// (not as the output's dtype, with the integer dtypes detops' views also take).
+inline void require_float(const char* op, const char* arg, const Tensor& t) {
+  if (!t.defined() || is_float(t)) return;
+  throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + arg + " has dtype " + dtype_name(t) +
+                                               "; expected float32, float64, float16 or bfloat16");
+}
+
 // The RoI ops' (roi_align, roi_align_rotated) output sizes [K, C, PH, PW] from the inputs. Ranks
 // are checked here (torch would fail on size(1) first); a negative pooled size is clamped so that
 // the allocation succeeds and detops reports it. rois_shape: "[K, 5]" or "[K, 6]".
@@ -142,6 +151,7 @@ inline std::vector<int64_t> roi_output_sizes(const char* op, const Tensor& input
                                              int64_t pooled_height, int64_t pooled_width, const char* rois_shape) {
   require_dim(op, "input", input, 4, "[N, C, H, W]");
   require_dim(op, "rois", rois, 2, rois_shape);
+  require_float(op, "input", input);
   return {rois.size(0), input.size(1), std::max<int64_t>(pooled_height, 0), std::max<int64_t>(pooled_width, 0)};
 }
 

@@ -55,6 +55,7 @@ std::vector<int64_t> output_sizes(const char* op, const Tensor& input, const Ten
                                   const Tensor& offset, const Tensor& mask, const DeformConv2dOptions& o,
                                   int64_t groups, int64_t offset_groups) {
   require_dim(op, "input", input, 4, "[N, Cin, H, W]");
+  require_float(op, "input", input);
   require_dim(op, "weight", weight, 4, "[Cout, Cin / groups, kh, kw]");
   require_dim(op, "offset", offset, 4, "[N, 2 * offset_groups * kh * kw, Ho, Wo]");
   if (mask.defined()) require_dim(op, "mask", mask, 4, "[N, offset_groups * kh * kw, Ho, Wo]");

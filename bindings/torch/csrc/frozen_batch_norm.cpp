@@ -57,6 +57,7 @@ Tensor forward_kernel(const Tensor& x, const Tensor& scale, const Tensor& shift,
     check_residual(e, residual);
     DeviceGuard guard(x);
     require_dim(kForward, "x", x, 4, "[N, C, H, W]");
+    require_float(kForward, "x", x);
     Tensor y = empty_like_format(x);  // x's memory format (channels_last stays channels_last)
     frozen_batch_norm_forward(view(x, "x"), view(scale, "scale"),
                               view(shift, "shift"), view(y, "y"), e,

@@ -28,6 +28,7 @@ void require_ranks(const char* op, const Tensor& input, const Tensor& grid) {
 // [N, C, Ho, Wo] from input [N, C, H, W] and grid [N, Ho, Wo, 2].
 std::vector<int64_t> output_sizes(const char* op, const Tensor& input, const Tensor& grid) {
   require_ranks(op, input, grid);
+  require_float(op, "input", input);
   return {input.size(0), input.size(1), grid.size(1), grid.size(2)};
 }
 

@@ -22,6 +22,7 @@ void require_ranks(const char* op, const Tensor& value, const Tensor& sampling_l
 std::vector<int64_t> output_sizes(const char* op, const Tensor& value, const Tensor& sampling_locations,
                                   const Tensor& attention_weights) {
   require_ranks(op, value, sampling_locations, attention_weights);
+  require_float(op, "value", value);
   return {value.size(0), sampling_locations.size(1), value.size(2) * value.size(3)};
 }
 

@@ -96,6 +96,7 @@ except ImportError as _exc:
 _check_build(_build_info)
 torch.ops.load_library(_library_path())
 from . import _ops  # noqa: E402,F401  (fake kernels; autograd and error types for the stable layer)
+from ._errors import DetopsAssertionError, DetopsError, DetopsOutOfMemoryError  # noqa: E402
 
 __version__ = getattr(_build_info, "DETOPS_VERSION", "unknown")
 
@@ -136,5 +137,8 @@ __all__ = [
     "functional",
     "nn",
     "distributed",
+    "DetopsError",
+    "DetopsAssertionError",
+    "DetopsOutOfMemoryError",
     "__version__",
 ]

@@ -8,23 +8,23 @@
   autograd, torch's error types or torch's nondeterminism alert across the stable ABI, so this
   module registers one Python kernel per op on the ``Autograd`` key. It runs the op below
   autograd (as ``torch.library.register_autograd`` does), applies the op's backward formula,
-  raises ``ValueError`` / ``torch.OutOfMemoryError`` for the C++ errors tagged
-  ``[detops:ValueError]`` / ``[detops:OutOfMemoryError]`` (backend_stable.h), raises torch's
-  alert for the atomic backward on CUDA, and refuses double backward through the backward ops.
-  The classic layer does all of this in C++ and registers nothing here but the fakes.
+  raises ``DetopsError`` / ``DetopsOutOfMemoryError`` (:mod:`detops_torch._errors`) for the C++
+  errors tagged ``[detops:ValueError]`` / ``[detops:OutOfMemoryError]`` (backend_stable.h), raises
+  torch's alert for the atomic backward on CUDA, and refuses double backward through the backward
+  ops (a ``DetopsError``). The classic layer does all of this in C++ and registers nothing here
+  but the fakes.
 """
-import re
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _build_info
+from ._errors import DetopsError, run, translated  # noqa: F401  (translated: for callers)
 from .functional import check_choice  # noqa: F401  (the fakes refuse what the modules refuse)
 
 STABLE = getattr(_build_info, "ABI", "classic") == "stable"
 
-_TAG = re.compile(r"\[detops:(ValueError|OutOfMemoryError)\] ")
 _LIBS: List[Any] = []  # torch.library.Library objects must outlive their registrations
 
 
@@ -38,30 +38,11 @@ def _op(name: str) -> Any:
     return getattr(torch.ops.detops, name).default
 
 
-# ---- errors --------------------------------------------------------------------------------------
-
-def translated(error: RuntimeError) -> Exception:
-    """The exception the classic layer raises for a tagged C++ error, or ``error`` itself."""
-    message = str(error)
-    match = _TAG.search(message)
-    if match is None:
-        return error
-    text = message[match.end():]
-    if match.group(1) == "ValueError":
-        return ValueError(text)
-    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-    return oom(text)
-
+# ---- errors (the types and their translation: _errors.py) ---------------------------------------
 
 def call(fn: Callable, *args: Any) -> Any:
-    """``fn(*args)`` with tagged C++ errors raised as their Python types."""
-    try:
-        return fn(*args)
-    except RuntimeError as error:
-        better = translated(error)
-        if better is error:
-            raise
-        raise better from None
+    """``fn(*args)`` with tagged C++ errors raised as detops' types."""
+    return run(fn, *args)
 
 
 def alert_not_deterministic(what: str) -> None:
@@ -103,13 +84,13 @@ def require_meta_or_fake(op: str, **tensors: Optional[torch.Tensor]) -> None:
         return
     for arg, t in present.items():
         if not t.is_meta:
-            raise ValueError(f"{op}: {arg} is on device {t.device}; expected meta like the other arguments")
+            raise DetopsError(f"{op}: {arg} is on device {t.device}; expected meta like the other arguments")
 
 
 def require_dim(op: str, arg: str, t: torch.Tensor, dim: int, shape: str) -> None:
     """The C++ glue's rank check (common.h), for the outputs a fake kernel shapes."""
     if t.dim() != dim:
-        raise ValueError(f"{op}: {arg} has {t.dim()} dimensions (sizes {list(t.shape)}); expected {shape}")
+        raise DetopsError(f"{op}: {arg} has {t.dim()} dimensions (sizes {list(t.shape)}); expected {shape}")
 
 
 def channels_last(t: torch.Tensor) -> bool:
@@ -187,7 +168,7 @@ def autograd(name: str, setup_context: Optional[Callable] = None, backward: Opti
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             if backward is None:
-                raise RuntimeError(double_backward_error or f"detops::{name}: no gradient")
+                raise DetopsError(double_backward_error or f"detops::{name}: no gradient")
             needs = ctx.needs_input_grad[1:]
             result = call(backward, ctx, needs, *grads)
             # One gradient per argument the dispatcher passed (it drops trailing defaults).

@@ -27,12 +27,13 @@ from torch.nn.modules.utils import _pair
 
 from . import nn as _dnn
 from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
-from .nn import _checked_rois, _renamed_kwargs
+from .nn import _checked_im2col_step, _checked_rois, _renamed_kwargs
 
 # torch.fx.wrap patches the globals of the module that registers a function: the leaves called
 # from here are registered here too.
 torch.fx.wrap("_roi_align")
 torch.fx.wrap("_checked_rois")
+torch.fx.wrap("_checked_im2col_step")
 
 __all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
 
@@ -127,6 +128,7 @@ class DeformConv2d(_dnn._MmcvDeformConv2d):
     the offset's dtype."""
 
     def forward(self, x: Tensor, offset: Tensor) -> Tensor:
+        x = _checked_im2col_step("DeformConv2d", x, self.im2col_step)
         padded = _pad_to_kernel(x, offset, self.kernel_size)
         out = self._deform(padded[0], padded[1], None, None)
         return _crop_to_input(out, x, self.kernel_size)

@@ -15,6 +15,7 @@ from torch import nn
 
 from . import compat
 from . import nn as _dnn
+from ._errors import DetopsError
 from .functional import check_roi_options
 
 __all__ = ["convert", "TARGETS"]
@@ -199,12 +200,12 @@ def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.
         ``model`` (or its replacement if ``model`` itself is a target module).
     """
     if batchnorm not in _BATCHNORM_CHOICES:
-        raise ValueError(f"convert: batchnorm is {batchnorm!r}; expected None, 'frozen' or 'sync'")
+        raise DetopsError(f"convert: batchnorm is {batchnorm!r}; expected None, 'frozen' or 'sync'")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"convert: unexpected option(s) {', '.join(unknown)}; expected some of {', '.join(_OPTIONS)}")
     if batchnorm != "sync" and ("process_group" in options or "mode" in options):
-        raise ValueError("convert: process_group and mode configure SyncBatchNorm; expected batchnorm='sync' with them")
+        raise DetopsError("convert: process_group and mode configure SyncBatchNorm; expected batchnorm='sync' with them")
     opts: Dict[str, object] = {
         "batchnorm": batchnorm,
         "backward_mode": options.get("backward_mode", "exact"),
@@ -212,9 +213,9 @@ def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.
     }
     check_roi_options("convert", opts["backward_mode"], opts["truncation"])
     if not isinstance(model, nn.Module):
-        raise ValueError(f"convert: model is a {type(model).__name__}; expected a torch.nn.Module")
+        raise DetopsError(f"convert: model is a {type(model).__name__}; expected a torch.nn.Module")
     if isinstance(model, torch.jit.ScriptModule):
-        raise ValueError("convert: model is a TorchScript module; expected an eager nn.Module")
+        raise DetopsError("convert: model is a TorchScript module; expected an eager nn.Module")
     model = _convert(model, opts)
     if batchnorm == "sync":
         from .distributed import convert_sync_batchnorm

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ._errors import DetopsError
+
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
 _MODES = ("default", "exact")
@@ -60,7 +62,7 @@ def _ops():
 
 def _check_mode(mode, what="mode"):
     if mode not in _MODES:
-        raise ValueError(f"SyncBatchNorm: {what} is {mode!r}; expected 'default' or 'exact'")
+        raise DetopsError(f"SyncBatchNorm: {what} is {mode!r}; expected 'default' or 'exact'")
 
 
 def _float_bits(value):
@@ -128,10 +130,10 @@ def _agree(comm, header, local_error, what):
     n = comm.world
     for r, row in enumerate(rows):
         if row[_H_MAGIC] != _MAGIC:
-            raise ValueError(f"{what}: rank {r} of {n} is not in a detops_torch SyncBatchNorm call of this "
+            raise DetopsError(f"{what}: rank {r} of {n} is not in a detops_torch SyncBatchNorm call of this "
                              f"version (header {row[_H_MAGIC]:#x}; expected {_MAGIC:#x})")
         if row[_H_FAILED]:
-            raise ValueError(f"{what}: rank {r} of {n} failed its argument checks (its own error says why); "
+            raise DetopsError(f"{what}: rank {r} of {n} failed its argument checks (its own error says why); "
                              "every rank raises")
     first = rows[0]
 
@@ -157,12 +159,12 @@ def _agree(comm, header, local_error, what):
     for r in range(1, n):
         for field, name in names.items():
             if rows[r][field] != first[field]:
-                raise ValueError(f"{what}: the ranks disagree on {name}: rank 0 has {describe(field, first[field])}, "
+                raise DetopsError(f"{what}: the ranks disagree on {name}: rank 0 has {describe(field, first[field])}, "
                                  f"rank {r} has {describe(field, rows[r][field])}")
     if first[_H_PHASE] == 1 and first[_H_MODE] == 1:
         total = sum(row[_H_COUNT] for row in rows)
         if total > _EXACT_MAX_COUNT:
-            raise ValueError(f"{what}: the {n} ranks hold {total} elements per channel together; the exact mode "
+            raise DetopsError(f"{what}: the {n} ranks hold {total} elements per channel together; the exact mode "
                              "supports fewer than 2^39 (use mode='default')")
 
 
@@ -170,18 +172,18 @@ def _check_vector(what, name, v, channels, device):
     if v is None:
         return
     if v.dim() != 1 or v.shape[0] != channels:
-        raise ValueError(f"{what}: {name} has sizes {list(v.shape)}; expected [{channels}] (the input's channels)")
+        raise DetopsError(f"{what}: {name} has sizes {list(v.shape)}; expected [{channels}] (the input's channels)")
     if v.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"{what}: {name} has dtype {v.dtype}; expected torch.float32 or torch.float64")
+        raise DetopsError(f"{what}: {name} has dtype {v.dtype}; expected torch.float32 or torch.float64")
     if v.device != device:
-        raise ValueError(f"{what}: {name} is on {v.device}; expected the input's device ({device})")
+        raise DetopsError(f"{what}: {name} is on {v.device}; expected the input's device ({device})")
 
 
 def _check_input(what, x, mode):
     if x.dim() != 4:
-        raise ValueError(f"{what}: input has {x.dim()} dimensions; expected 4 ([N, C, H, W])")
+        raise DetopsError(f"{what}: input has {x.dim()} dimensions; expected 4 ([N, C, H, W])")
     if x.dtype not in _DTYPES:
-        raise ValueError(f"{what}: input has dtype {x.dtype}; expected float32, float64, float16 or bfloat16")
+        raise DetopsError(f"{what}: input has dtype {x.dtype}; expected float32, float64, float16 or bfloat16")
     _check_mode(mode)
 
 

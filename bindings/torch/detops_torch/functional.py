@@ -28,6 +28,8 @@ from torch import Tensor
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
+from ._errors import DetopsAssertionError, DetopsError, eager, run
+
 __all__ = [
     "BACKWARD_MODES",
     "TRUNCATIONS",
@@ -80,15 +82,15 @@ def resolve_backward_mode(owner: str, backward_mode: str, mode: Optional[str]) -
 
 
 def check_choice(owner: str, name: str, value: str, allowed: Tuple[str, ...]) -> None:
-    """Raises ValueError unless ``value`` is one of ``allowed`` (used by the modules' constructors)."""
+    """Raises DetopsError unless ``value`` is one of ``allowed`` (used by the modules' constructors)."""
     if not isinstance(value, str) or value not in allowed:
-        raise ValueError(
+        raise DetopsError(
             f"{owner}: {name} is {value!r}; expected one of " + ", ".join(repr(a) for a in allowed)
         )
 
 
 def check_roi_options(owner: str, backward_mode: str, truncation: str) -> None:
-    """Raises ValueError unless backward_mode and truncation are ones detops knows."""
+    """Raises DetopsError unless backward_mode and truncation are ones detops knows."""
     check_choice(owner, "backward_mode", backward_mode, BACKWARD_MODES)
     check_choice(owner, "truncation", truncation, TRUNCATIONS)
 
@@ -97,21 +99,22 @@ def boxes_to_rois(boxes: List[Tensor]) -> Tensor:
     """Converts per-image ``[L, 4]`` boxes to ``[K, 5]`` rois (batch index first), as torchvision
     does (same dtype and device; the index column is written in the boxes' dtype)."""
     if len(boxes) == 0:
-        raise ValueError("roi_align: boxes is an empty list; expected one [L, 4] tensor per image")
+        raise DetopsError("roi_align: boxes is an empty list; expected one [L, 4] tensor per image")
     first = boxes[0]
     for i, b in enumerate(boxes):
-        if b.dim() != 2 or b.size(1) != 4:
-            raise ValueError(
+        if b.dim() != 2 or b.size(1) != 4:  # torchvision asserts it (its message's words kept)
+            raise DetopsAssertionError(
                 "roi_align: boxes[" + str(i) + "] has sizes " + _sizes(b)
-                + "; expected [L, 4] rows (x1, y1, x2, y2)"
+                + "; expected [L, 4] rows (x1, y1, x2, y2): the shape of the tensor in the boxes list is not"
+                + " correct as List[Tensor[L, 4]]"
             )
         if b.dtype != first.dtype:
-            raise ValueError(
+            raise DetopsError(
                 "roi_align: boxes[" + str(i) + "] has dtype " + str(b.dtype)
                 + "; expected " + str(first.dtype) + " (the dtype of boxes[0])"
             )
         if b.device != first.device:
-            raise ValueError(
+            raise DetopsError(
                 "roi_align: boxes[" + str(i) + "] is on " + str(b.device)
                 + "; expected " + str(first.device) + " (the device of boxes[0])"
             )
@@ -144,20 +147,33 @@ def _roi_align(
     # All-positional form of roi_align: TorchScript (1.13) rejects keyword-only arguments with
     # defaults, so the modules call this one and stay scriptable.
     if isinstance(boxes, torch.Tensor):
+        if boxes.dim() != 2 or boxes.size(1) != 5:  # torchvision asserts it (its message's words kept)
+            raise DetopsAssertionError(
+                "roi_align: rois has sizes " + _sizes(boxes) + "; expected [K, 5] rows (batch_index, x1, y1, x2, y2):"
+                + " the boxes tensor shape is not correct as Tensor[K, 5]"
+            )
         rois = boxes
     else:
         rois = boxes_to_rois(boxes)
     size = _pair(output_size)
     if pool_mode == "avg":
+        if not torch.jit.is_scripting():
+            if eager():  # the op library's errors as detops' types
+                return run(torch.ops.detops.roi_align, input, rois, spatial_scale, size[0], size[1], sampling_ratio,
+                           aligned, backward_mode, truncation)
         return torch.ops.detops.roi_align(
             input, rois, spatial_scale, size[0], size[1], sampling_ratio, aligned, backward_mode, truncation
         )
     if pool_mode == "max":
+        if not torch.jit.is_scripting():
+            if eager():
+                return run(torch.ops.detops.roi_align_max, input, rois, spatial_scale, size[0], size[1],
+                           sampling_ratio, aligned, backward_mode, truncation)[0]
         out, _ = torch.ops.detops.roi_align_max(
             input, rois, spatial_scale, size[0], size[1], sampling_ratio, aligned, backward_mode, truncation
         )
         return out
-    raise ValueError("roi_align: pool_mode is '" + pool_mode + "'; expected one of 'avg', 'max'")
+    raise DetopsError("roi_align: pool_mode is '" + pool_mode + "'; expected one of 'avg', 'max'")
 
 
 @torch.fx.wrap
@@ -212,6 +228,10 @@ def _roi_align_rotated(
     # All-positional form of roi_align_rotated, for the modules (TorchScript 1.13 rejects
     # keyword-only arguments with defaults). The op validates the strings.
     size = _pair(output_size)
+    if not torch.jit.is_scripting():
+        if eager():  # the op library's errors as detops' types
+            return run(torch.ops.detops.roi_align_rotated, input, rois, spatial_scale, size[0], size[1],
+                       sampling_ratio, aligned, clockwise, angle_unit, backward_mode, truncation)
     return torch.ops.detops.roi_align_rotated(
         input, rois, spatial_scale, size[0], size[1], sampling_ratio, aligned, clockwise, angle_unit, backward_mode,
         truncation
@@ -265,6 +285,9 @@ def frozen_batch_norm_fold(
 ) -> Tuple[Tensor, Tensor]:
     """Folds BatchNorm buffers into ``(scale, shift)``: ``scale = weight * (1 / sqrt(running_var + eps))``,
     ``shift = bias - running_mean * scale`` (float64 buffers fold in float64, others in float32)."""
+    if not torch.jit.is_scripting():
+        if eager():  # the op library's errors as detops' types
+            return run(torch.ops.detops.frozen_batch_norm_fold, weight, bias, running_mean, running_var, eps)
     scale, shift = torch.ops.detops.frozen_batch_norm_fold(weight, bias, running_mean, running_var, eps)
     return scale, shift
 
@@ -275,6 +298,9 @@ def frozen_batch_norm(
     """``epilogue(x * scale + shift [+ residual])`` with epilogue ``"none"``, ``"relu"`` or
     ``"add_relu"`` (residual required). Gradients flow to ``x`` (and ``residual``), never to the
     frozen ``scale``/``shift``."""
+    if not torch.jit.is_scripting():
+        if eager():  # the op library's errors as detops' types
+            return run(torch.ops.detops.frozen_batch_norm, x, scale, shift, epilogue, residual)
     return torch.ops.detops.frozen_batch_norm(x, scale, shift, epilogue, residual)
 
 
@@ -283,6 +309,9 @@ def _grid_sample(input: Tensor, grid: Tensor, mode: str, padding_mode: str, alig
                  backward_mode: str) -> Tensor:
     # All-positional form of grid_sample (TorchScript 1.13 rejects keyword-only arguments with
     # defaults). The op checks the strings again, under its own argument names.
+    if not torch.jit.is_scripting():
+        if eager():  # the op library's errors as detops' types
+            return run(torch.ops.detops.grid_sample, input, grid, mode, padding_mode, align_corners, backward_mode)
     return torch.ops.detops.grid_sample(input, grid, mode, padding_mode, align_corners, backward_mode)
 
 
@@ -371,6 +400,10 @@ def ms_deform_attn(
     """
     if attention_weights.dtype != value.dtype and attention_weights.is_floating_point() and value.is_floating_point():
         attention_weights = attention_weights.to(value.dtype)
+    if not torch.jit.is_scripting():
+        if eager():  # the op library's errors as detops' types
+            return run(torch.ops.detops.ms_deform_attn, value, value_spatial_shapes, value_level_start_index,
+                       sampling_locations, attention_weights, backward_mode)
     return torch.ops.detops.ms_deform_attn(value, value_spatial_shapes, value_level_start_index, sampling_locations,
                                            attention_weights, backward_mode)
 
@@ -384,9 +417,10 @@ def _deform_groups(input: Tensor, offset: Tensor, weight: Tensor) -> Tuple[int, 
     if taps <= 0:
         return 1, 1
     if offset.size(1) <= 0 or offset.size(1) % (2 * taps) != 0:
-        raise ValueError(
-            "deform_conv2d: offset has sizes " + _sizes(offset) + "; expected [N, 2 * offset_groups * kh * kw, Ho, Wo]"
-            + " with offset_groups >= 1: channels a positive multiple of 2 * kh * kw = " + str(2 * taps)
+        raise DetopsError(
+            "deform_conv2d: the shape of the offset tensor at dimension 1 is not valid: offset has sizes "
+            + _sizes(offset) + "; expected [N, 2 * offset_groups * kh * kw, Ho, Wo] with offset_groups >= 1:"
+            + " channels a positive multiple of 2 * kh * kw = " + str(2 * taps)
         )
     groups = 1
     if weight.size(1) > 0:
@@ -453,6 +487,8 @@ def _deform_conv2d_autocast(
     # _deform_conv2d after _autocast_args: the eager path of the function and the modules (a
     # scripted module calls _deform_conv2d directly).
     input, offset, weight, bias, mask = _autocast_args([input, offset, weight, bias, mask])
+    if eager():  # the op library's errors as detops' types
+        return run(_deform_conv2d, input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
     return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
 
 

@@ -45,6 +45,7 @@ import torch.fx
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
+from ._errors import DetopsAssertionError, DetopsError, eager, run
 from .functional import (GATHER_BACKWARD_MODES, _deform_conv2d, _deform_conv2d_autocast, _roi_align,
                          _roi_align_rotated, boxes_to_rois, check_choice, check_roi_options, ms_deform_attn,
                          resolve_backward_mode)
@@ -56,6 +57,7 @@ torch.fx.wrap("_deform_conv2d")
 torch.fx.wrap("_deform_conv2d_autocast")
 torch.fx.wrap("_roi_align")
 torch.fx.wrap("_roi_align_rotated")
+torch.fx.wrap("ms_deform_attn")
 
 __all__ = [
     "RoIAlign",
@@ -189,7 +191,7 @@ def _multiscale_roi_align(
     # The same steps as torchvision's _multiscale_roi_align (same rois, same level per roi, same
     # zero-initialised result written per level), so the forward has torchvision's bits.
     if scales is None or mapper is None:
-        raise ValueError("MultiScaleRoIAlign: scales and mapper should not be None")
+        raise DetopsError("MultiScaleRoIAlign: scales and mapper should not be None")
     num_levels = len(x_filtered)
     rois = boxes_to_rois(boxes)  # torchvision's roi format, with the boxes checked
     if num_levels == 1:
@@ -382,12 +384,18 @@ class FrozenBatchNorm2d(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # Indexed, not unpacked: under FX the pair is one proxy (torch 1.13 cannot unpack it).
         scale_shift = self._scale_shift(x.dtype)
+        if not torch.jit.is_scripting():
+            if eager():  # the op library's errors as detops' types
+                return run(torch.ops.detops.frozen_batch_norm, x, scale_shift[0], scale_shift[1], "none", None)
         return torch.ops.detops.frozen_batch_norm(x, scale_shift[0], scale_shift[1], "none", None)
 
     def forward_relu(self, x: Tensor, residual: Optional[Tensor] = None) -> Tensor:
         """The fused tails of a ResNet block: ``relu(bn(x))``, or ``relu(bn(x) + residual)``."""
         scale_shift = self._scale_shift(x.dtype)
         epilogue = "relu" if residual is None else "add_relu"
+        if not torch.jit.is_scripting():
+            if eager():  # the op library's errors as detops' types
+                return run(torch.ops.detops.frozen_batch_norm, x, scale_shift[0], scale_shift[1], epilogue, residual)
         return torch.ops.detops.frozen_batch_norm(x, scale_shift[0], scale_shift[1], epilogue, residual)
 
     def __getstate__(self):
@@ -401,7 +409,7 @@ class FrozenBatchNorm2d(nn.Module):
 
 def _frozen_from_batchnorm(cls, module: nn.Module) -> nn.Module:
     if module.running_mean is None or module.running_var is None:
-        raise ValueError(
+        raise DetopsError(
             f"convert_frozen_batchnorm: {type(module).__name__}({module.num_features}) has "
             "track_running_stats=False; expected running statistics to freeze"
         )
@@ -456,14 +464,14 @@ def _renamed_kwargs(mapping: Dict[str, str], cls_name: str):
 
 @torch.fx.wrap
 def _checked_rois(owner: str, rois: Tensor, columns: int) -> Tensor:
-    # The anchors assert this shape in Python; here it is a ValueError naming the columns. A leaf
+    # The anchors assert this shape in Python: a DetopsAssertionError naming the columns. A leaf
     # under FX that returns rois, so that a traced graph keeps the check (dead-code elimination
     # drops unused leaves).
     if not isinstance(rois, torch.Tensor):
-        raise ValueError(f"{owner}: rois is a {type(rois).__name__}; expected a [K, {columns}] tensor")
+        raise DetopsAssertionError(f"{owner}: rois is a {type(rois).__name__}; expected a [K, {columns}] tensor")
     if rois.dim() != 2 or rois.size(1) != columns:
         what = "(batch_index, cx, cy, w, h, angle)" if columns == 6 else "(batch_index, x1, y1, x2, y2)"
-        raise ValueError(f"{owner}: rois has sizes {list(rois.shape)}; expected [K, {columns}] rows " + what)
+        raise DetopsAssertionError(f"{owner}: rois has sizes {list(rois.shape)}; expected [K, {columns}] rows " + what)
     return rois
 
 
@@ -550,7 +558,7 @@ def _sampling_locations(owner: str, reference_points: Tensor, offsets: Tensor, s
         # Reference boxes (cx, cy, w, h): offsets are fractions of half the box per point.
         return (reference_points[:, :, None, :, None, :2]
                 + offsets / num_points * reference_points[:, :, None, :, None, 2:] * 0.5)
-    raise ValueError(f"{owner}: reference_points has {reference_points.shape[-1]} coordinates in its last "
+    raise DetopsError(f"{owner}: reference_points has {reference_points.shape[-1]} coordinates in its last "
                      "dimension; expected 2 (x, y) or 4 (cx, cy, w, h)")
 
 
@@ -563,7 +571,7 @@ class _DeformableAttention(nn.Module):
                  value_dims: int, backward_mode: str, mode: Optional[str] = None):
         super().__init__()
         if embed_dims % num_heads != 0:
-            raise ValueError(f"{owner}: embed_dims {embed_dims} is not divisible by num_heads {num_heads}")
+            raise DetopsError(f"{owner}: embed_dims {embed_dims} is not divisible by num_heads {num_heads}")
         backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         head_dims = embed_dims // num_heads
         if head_dims & (head_dims - 1) != 0:
@@ -668,7 +676,7 @@ class MultiScaleDeformableAttention(_DeformableAttention):
                           "instead", DeprecationWarning, stacklevel=2)
             identity = kwargs.pop("residual")
         if reference_points is None or spatial_shapes is None or level_start_index is None:
-            raise ValueError("MultiScaleDeformableAttention: reference_points, spatial_shapes and level_start_index "
+            raise DetopsError("MultiScaleDeformableAttention: reference_points, spatial_shapes and level_start_index "
                              "are required")
         if value is None:
             value = query
@@ -775,6 +783,19 @@ class DeformConv2d(nn.Module):
         s += f", groups={self.groups}" if self.groups != 1 else ""
         s += ", bias=False" if self.bias is None else ""
         return s + ")"
+
+
+@torch.fx.wrap
+def _checked_im2col_step(owner: str, x: Tensor, im2col_step: int) -> Tensor:
+    # mmcv's DCNv1 asserts that its im2col step, capped at the batch size, divides the batch
+    # (detops has no such step: the check keeps configurations portable back to mmcv). A leaf
+    # under FX that returns x, so that a traced graph keeps it.
+    if x.dim() > 0 and x.size(0) > 0:
+        step = min(im2col_step, x.size(0))
+        if step <= 0 or x.size(0) % step != 0:
+            raise DetopsAssertionError(owner + ": batch size must be divisible by im2col_step (batch size "
+                                       + str(x.size(0)) + ", im2col_step " + str(im2col_step) + ")")
+    return x
 
 
 class _MmcvDeformConv(nn.Module):
@@ -934,6 +955,7 @@ class DeformConv2dPack(_OffsetConvCheckpoints, _MmcvDeformConv2d):
 
     def forward(self, x: Tensor) -> Tensor:
         """x ``[N, in_channels, H, W]`` -> ``[N, out_channels, Ho, Wo]``."""
+        x = _checked_im2col_step("DeformConv2dPack", x, self.im2col_step)
         return self._deform(x, self.conv_offset(x), None, None)
 
 

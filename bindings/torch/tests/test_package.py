@@ -13,6 +13,8 @@ import torch
 import detops_torch
 from _util import TORCH_VERSION, _version_tuple
 
+STABLE = getattr(detops_torch._build_info, "ABI", "classic") == "stable"
+
 OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "roi_align_rotated",
        "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn",
        "_ms_deform_attn_backward", "deform_conv2d", "_deform_conv2d_backward", "frozen_batch_norm_fold",
@@ -23,7 +25,7 @@ OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_back
 EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "deform_conv2d",
            "RoIAlign", "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention",
            "MSDeformAttn", "DeformConv2d", "ModulatedDeformConv2dPack", "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",
-           "__version__", "compat"]
+           "__version__", "compat", "DetopsError", "DetopsAssertionError", "DetopsOutOfMemoryError"]
 
 
 def _schema(name):
@@ -192,6 +194,118 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class ErrorTypeTest(unittest.TestCase):
+    """Issue 27: one detops error type that satisfies detops' callers (ValueError) and the peers'
+    tests (torchvision's and mmcv's RuntimeError, their Python asserts' AssertionError), the same
+    in both layers."""
+
+    def test_the_types(self):
+        self.assertTrue(issubclass(detops_torch.DetopsError, ValueError))
+        self.assertTrue(issubclass(detops_torch.DetopsError, RuntimeError))
+        self.assertTrue(issubclass(detops_torch.DetopsAssertionError, detops_torch.DetopsError))
+        self.assertTrue(issubclass(detops_torch.DetopsAssertionError, AssertionError))
+        self.assertTrue(issubclass(detops_torch.DetopsOutOfMemoryError, MemoryError))
+        self.assertFalse(issubclass(detops_torch.DetopsOutOfMemoryError, detops_torch.DetopsError))
+
+    def test_every_entry_raises_detops_error(self):
+        # The op library's C++ errors (ValueError in the classic layer, a tagged RuntimeError in
+        # the stable one) and the Python checks reach the caller as DetopsError.
+        x = torch.randn(2, 4, 8, 8)
+        rois = torch.tensor([[0.0, 0, 0, 3, 3]])
+        grid = torch.rand(2, 3, 3, 2) * 2 - 1
+        cases = {
+            "roi_align mode": lambda: detops_torch.roi_align(x, rois, 2, backward_mode="bogus"),
+            "roi_align op": lambda: detops_torch.roi_align(x[0], rois, 2),
+            "RoIAlign": lambda: detops_torch.RoIAlign(2, 1.0, 2)(x[0], rois),
+            "roi_align_rotated": lambda: detops_torch.roi_align_rotated(x, torch.zeros(1, 6), 2, angle_unit="bogus"),
+            "grid_sample": lambda: detops_torch.grid_sample(x, grid[:1], align_corners=False),
+            "ms_deform_attn": lambda: detops_torch.ms_deform_attn(torch.zeros(1, 4, 1, 2), torch.tensor([[2, 3]]),
+                                                                  torch.tensor([0]), torch.zeros(1, 1, 1, 1, 1, 2),
+                                                                  torch.zeros(1, 1, 1, 1, 1)),
+            "deform_conv2d": lambda: detops_torch.deform_conv2d(x, torch.zeros(2, 18, 6, 6), torch.zeros(3, 4, 3, 3),
+                                                                stride=(0, 1)),
+            "FrozenBatchNorm2d": lambda: detops_torch.FrozenBatchNorm2d(3)(x),
+            "frozen_batch_norm": lambda: detops_torch.functional.frozen_batch_norm(x, torch.ones(4), torch.zeros(4),
+                                                                                   "bogus"),
+        }
+        for name, fn in cases.items():
+            with self.subTest(name), self.assertRaises(detops_torch.DetopsError):
+                fn()
+
+    def test_float_inputs_named_with_the_float_dtypes(self):
+        # A bool or complex input named "output" and listed int32/int64 as accepted (issue 27).
+        for dtype in (torch.bool, torch.complex64, torch.int32):
+            x = torch.zeros(1, 2, 4, 4, dtype=dtype)
+            cases = [("input", lambda: detops_torch.roi_align(x, torch.zeros(1, 5), 2)),
+                     ("input", lambda: detops_torch.roi_align_rotated(x, torch.zeros(1, 6), 2)),
+                     ("input", lambda: detops_torch.grid_sample(x, torch.zeros(1, 2, 2, 2), align_corners=False)),
+                     ("input", lambda: detops_torch.deform_conv2d(x, torch.zeros(1, 18, 2, 2),
+                                                                  torch.zeros(1, 2, 3, 3, dtype=dtype))),
+                     ("value", lambda: detops_torch.ms_deform_attn(torch.zeros(1, 6, 1, 2, dtype=dtype),
+                                                                   torch.tensor([[2, 3]]), torch.tensor([0]),
+                                                                   torch.zeros(1, 1, 1, 1, 1, 2),
+                                                                   torch.zeros(1, 1, 1, 1, 1, dtype=dtype))),
+                     ("x", lambda: detops_torch.functional.frozen_batch_norm(x, torch.ones(2), torch.zeros(2)))]
+            for arg, fn in cases:
+                with self.subTest(dtype=dtype, arg=arg):
+                    with self.assertRaises(detops_torch.DetopsError) as caught:
+                        fn()
+                    message = str(caught.exception)
+                    self.assertIn(arg + " has dtype", message)
+                    self.assertIn("expected float32, float64, float16 or bfloat16", message)
+                    self.assertNotIn("output", message)
+                    self.assertNotIn("int64", message)
+
+    def test_peers_assertions_and_messages(self):
+        # torchvision asserts the box shapes; its tests expect AssertionError.
+        x = torch.rand(1, 1, 8, 8)
+        with self.assertRaises(AssertionError):
+            detops_torch.roi_align(x, torch.tensor([[0.0, 0, 3, 3]]), (2, 2))
+        with self.assertRaises(AssertionError):
+            detops_torch.roi_align(x, [torch.tensor([[0.0, 0, 3]])], (2, 2))
+        # detectron2 and mmcv assert the rois' columns.
+        for layer, columns in ((detops_torch.compat.ROIAlign(2, 1.0, 2), 4), (detops_torch.ROIAlignRotated(2, 1.0, 2), 5),
+                               (detops_torch.RoIAlignRotated(2, 1.0), 5)):
+            with self.subTest(type(layer).__name__), self.assertRaises(AssertionError):
+                layer(x, torch.zeros(1, columns))
+        # torchvision's deform_conv2d message fragment, as a RuntimeError.
+        layer = detops_torch.DeformConv2d(2, 2, 3, padding=1)
+        with self.assertRaisesRegex(RuntimeError, "the shape of the offset"):
+            layer(torch.rand(1, 2, 5, 5), torch.rand(1, 2, 5, 5))
+        # mmcv's DCNv1 asserts that its im2col step (capped at the batch) divides the batch.
+        x, offset = torch.rand(3, 2, 5, 5), torch.zeros(3, 18, 5, 5)
+        pack = detops_torch.DeformConv2dPack(2, 2, 3, padding=1, im2col_step=2)
+        plain = detops_torch.compat.DeformConv2d(2, 2, 3, padding=1, im2col_step=2)
+        for name, run in (("DeformConv2dPack", lambda n: pack(x[:n])), ("DeformConv2d", lambda n: plain(x[:n], offset[:n]))):
+            with self.subTest(name):
+                with self.assertRaisesRegex(AssertionError, "batch size must be divisible by im2col_step"):
+                    run(3)
+                run(2)  # 2 % 2 == 0
+                run(1)  # the step is capped at the batch: 1 % 1 == 0
+
+    def test_double_backward_raises_detops_error_where_the_layer_can(self):
+        x = torch.randn(1, 2, 6, 6, requires_grad=True)
+        out = detops_torch.roi_align(x, torch.tensor([[0.0, 0, 0, 4, 4]]), 2)
+        g = torch.randn(out.shape, requires_grad=True)
+        (gx,) = torch.autograd.grad(out, x, g, create_graph=True)
+        # The stable layer's Python autograd raises DetopsError; the classic layer's C++ autograd
+        # raises torch's RuntimeError (it cannot raise a Python type): both are RuntimeErrors.
+        expected = detops_torch.DetopsError if STABLE else RuntimeError
+        with self.assertRaisesRegex(expected, "double backward"):
+            gx.sum().backward()
+
+    def test_cpu_out_of_memory_is_not_cuda(self):
+        # An adaptive grid too large for memory on the CPU raised torch.cuda.OutOfMemoryError (issue 27).
+        with self.assertRaises(MemoryError) as caught:
+            detops_torch.roi_align(torch.randn(2, 4, 16, 16), torch.tensor([[0.0, 0, 0, 1e12, 1e12]]), 7)
+        self.assertIsInstance(caught.exception, detops_torch.DetopsOutOfMemoryError)
+        if not hasattr(torch, "OutOfMemoryError"):  # torch < 2.5: torch.cuda's is the only one
+            self.assertNotIsInstance(caught.exception, torch.cuda.OutOfMemoryError)
+        message = str(caught.exception)
+        for part in ("roi_align", "rois[0]", "4194305x4194305"):
+            self.assertIn(part, message)
+
+
 class PythonLayerTest(unittest.TestCase):
     """What the stable layer does in Python because the stable ABI cannot carry it."""
 
@@ -209,16 +323,23 @@ class PythonLayerTest(unittest.TestCase):
         with self.assertWarnsRegex(UserWarning, "backward_mode='exact'"):
             _registry.alert_not_deterministic("detops::x backward")
 
-    def test_tagged_errors_become_the_classic_types(self):
+    def test_tagged_errors_become_the_detops_types(self):
         from detops_torch import _registry
 
-        self.assertIsInstance(_registry.translated(RuntimeError("[detops:ValueError] detops::op: x is bad")), ValueError)
-        self.assertEqual(str(_registry.translated(RuntimeError("[detops:ValueError] detops::op: x is bad"))),
-                         "detops::op: x is bad")
+        error = _registry.translated(RuntimeError("[detops:ValueError] detops::op: x is bad"))
+        self.assertIsInstance(error, detops_torch.DetopsError)
+        self.assertEqual(str(error), "detops::op: x is bad")
         oom = _registry.translated(RuntimeError("[detops:OutOfMemoryError] detops::op: 8 GiB"))
-        self.assertIsInstance(oom, getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError)
+        self.assertIsInstance(oom, detops_torch.DetopsOutOfMemoryError)
+        self.assertIsInstance(oom, MemoryError)
+        if hasattr(torch, "OutOfMemoryError"):  # torch's device-neutral one (torch >= 2.5)
+            self.assertIsInstance(oom, torch.OutOfMemoryError)
         plain = RuntimeError("something else")
         self.assertIs(_registry.translated(plain), plain)
+        # The classic layer's types (TORCH_CHECK_VALUE, c10::OutOfMemoryError) too.
+        self.assertIsInstance(_registry.translated(ValueError("detops::op: x is bad")), detops_torch.DetopsError)
+        torch_oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+        self.assertIsInstance(_registry.translated(torch_oom("detops::op: 8 GiB")), MemoryError)
 
     def test_errors_through_every_entry_are_value_errors(self):
         # Through the op directly, with and without autograd, and through its backward op.

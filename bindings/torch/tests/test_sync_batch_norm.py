@@ -302,7 +302,7 @@ class SyncBatchNormMultiProcessTest(unittest.TestCase):
             with self.subTest(kind=kind):
                 for r, res in enumerate(ranks):
                     cls, msg, seconds = res["disagree_" + kind]
-                    self.assertEqual(cls, "ValueError", f"rank {r}: {msg}")
+                    self.assertEqual(cls, "DetopsError", f"rank {r}: {msg}")
                     self.assertLess(seconds, 10.0)
                     if phrase is not None:
                         self.assertIn(phrase, msg)

@@ -2,6 +2,7 @@
 import torch
 
 from .. import _registry as r
+from .._errors import DetopsError
 from ..functional import GATHER_BACKWARD_MODES
 
 
@@ -9,7 +10,7 @@ def mask_used(op, mask, use_mask):
     if not use_mask:
         return None
     if mask is None:
-        raise ValueError(f"{op}: use_mask is True but mask is None; expected a mask tensor")
+        raise DetopsError(f"{op}: use_mask is True but mask is None; expected a mask tensor")
     return mask
 
 
@@ -17,11 +18,11 @@ def output_sizes(op, input, weight, offset, mask, stride, padding, dilation):
     """The C++ glue's output_sizes (deform_conv2d.cpp): the checks the shaping needs, then
     [N, Cout, Ho, Wo]; the rest is the real kernel's to check."""
     if min(stride) <= 0:
-        raise ValueError(f"{op}: stride is {tuple(stride)}; expected positive values")
+        raise DetopsError(f"{op}: stride is {tuple(stride)}; expected positive values")
     if min(dilation) <= 0:
-        raise ValueError(f"{op}: dilation is {tuple(dilation)}; expected positive values")
+        raise DetopsError(f"{op}: dilation is {tuple(dilation)}; expected positive values")
     if min(padding) < 0:
-        raise ValueError(f"{op}: padding is {tuple(padding)}; expected values >= 0")
+        raise DetopsError(f"{op}: padding is {tuple(padding)}; expected values >= 0")
     r.require_dim(op, "input", input, 4, "[N, Cin, H, W]")
     r.require_dim(op, "weight", weight, 4, "[Cout, Cin / groups, kh, kw]")
     r.require_dim(op, "offset", offset, 4, "[N, 2 * offset_groups * kh * kw, Ho, Wo]")
@@ -32,7 +33,7 @@ def output_sizes(op, input, weight, offset, mask, stride, padding, dilation):
     for i, (extent, k) in enumerate(((input.shape[2], kh), (input.shape[3], kw))):
         span, eff = extent + 2 * padding[i], dilation[i] * (k - 1) + 1
         if span < eff:
-            raise ValueError(f"{op}: input has sizes {list(input.shape)}; with padding {tuple(padding)} it is smaller "
+            raise DetopsError(f"{op}: input has sizes {list(input.shape)}; with padding {tuple(padding)} it is smaller "
                              "than the dilated kernel: no output position")
         sizes.append((span - eff) // stride[i] + 1)
     return (input.shape[0], weight.shape[0], sizes[0], sizes[1])
@@ -58,7 +59,7 @@ def _(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w
     r.require_dim(op, "grad_output", grad_output, 4, "[N, Cout, Ho, Wo]")
     output_sizes(op, input, weight, offset, mask, (stride_h, stride_w), (pad_h, pad_w), (dilation_h, dilation_w))
     if mask_grad and mask is None:
-        raise ValueError(f"{op}: mask_grad is True but there is no mask; expected mask_grad=False")
+        raise DetopsError(f"{op}: mask_grad is True but there is no mask; expected mask_grad=False")
     like = r.empty_like_format
     return (like(input) if input_grad else None, like(weight) if weight_grad else None,
             like(offset) if offset_grad else None, like(mask) if mask_grad else None,

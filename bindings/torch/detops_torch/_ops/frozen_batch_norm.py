@@ -2,14 +2,15 @@
 import torch
 
 from .. import _registry as r
+from .._errors import DetopsError
 from ..functional import EPILOGUES
 
 
 def check_residual(op, epilogue, residual):
     if epilogue == "add_relu" and residual is None:
-        raise ValueError(f"{op}: residual is None; expected a tensor of x's shape with epilogue 'add_relu'")
+        raise DetopsError(f"{op}: residual is None; expected a tensor of x's shape with epilogue 'add_relu'")
     if epilogue != "add_relu" and residual is not None:
-        raise ValueError(f"{op}: residual is given with epilogue other than 'add_relu'; expected None")
+        raise DetopsError(f"{op}: residual is given with epilogue other than 'add_relu'; expected None")
 
 
 @r.fake("frozen_batch_norm_fold")
@@ -44,7 +45,7 @@ def _frozen(inputs):
     # Frozen means frozen: a gradient asked of scale or shift would silently be None otherwise.
     for name, t in (("scale", inputs[1]), ("shift", inputs[2])):
         if t is not None and t.requires_grad:
-            raise ValueError(f"detops::frozen_batch_norm: {name} requires grad; expected a frozen buffer "
+            raise DetopsError(f"detops::frozen_batch_norm: {name} requires grad; expected a frozen buffer "
                              "(FrozenBatchNorm2d has no parameter gradients: detach it or use BatchNorm2d)")
 
 

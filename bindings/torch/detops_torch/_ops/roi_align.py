@@ -2,6 +2,7 @@
 import torch
 
 from .. import _registry as r
+from .._errors import DetopsError
 from ..functional import BACKWARD_MODES, TRUNCATIONS
 
 
@@ -23,7 +24,7 @@ def grad_input_like(op, grad, batch_size, channels, height, width, channels_last
     r.require_dim(op, "grad", grad, 4, "[K, C, PH, PW]")
     sizes = (batch_size, channels, height, width)
     if any(s < 0 for s in sizes):
-        raise ValueError(f"{op}: input sizes {list(sizes)} have a negative size")
+        raise DetopsError(f"{op}: input sizes {list(sizes)} have a negative size")
     return r.new_empty(grad, sizes, channels_last=channels_last)
 
 
@@ -90,3 +91,4 @@ r.autograd("roi_align", _setup, _backward)
 r.autograd("roi_align_max", _setup, _backward)
 r.autograd("_roi_align_backward", double_backward_error="detops::roi_align: double backward is not supported")
 r.autograd("_roi_align_max_backward", double_backward_error="detops::roi_align: double backward is not supported")
+

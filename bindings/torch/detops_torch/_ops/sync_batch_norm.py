@@ -2,6 +2,7 @@
 import torch
 
 from .. import _registry as r
+from .._errors import DetopsError
 
 MODES = ("default", "exact")
 NAMES = ("sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
@@ -24,7 +25,7 @@ def channels_of_gathered(op, gathered, mode):
     r.require_dim(op, "gathered", gathered, 2, "[world, words]")
     k, words = per_channel(mode), gathered.shape[1]
     if words < 1 or (words - 1) % k != 0:
-        raise ValueError(f"{op}: gathered has {words} words per rank; expected 1 + {k} * channels "
+        raise DetopsError(f"{op}: gathered has {words} words per rank; expected 1 + {k} * channels "
                          f"(mode '{mode}')")
     return (words - 1) // k
 
