@@ -8,6 +8,9 @@
 * mmcv ``mmcv.ops.RoIAlign(output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode='avg',
   aligned=True, use_torchvision=False)`` (avg and max pooling; ``use_torchvision`` is accepted and
   ignored: detops computes either way);
+* mmcv ``mmcv.ops.SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True,
+  track_running_stats=True, group=None, stats_mode='default')`` (config type ``MMSyncBN``): the
+  detops :class:`~detops_torch.SyncBatchNorm` with mmcv's gradient semantics;
 * mmcv ``mmcv.ops.DeformConv2d`` (DCNv1, ``forward(x, offset)``; RepPoints', VFNet's and Guided
   Anchoring's heads) and ``mmcv.ops.ModulatedDeformConv2d`` (DCNv2, ``forward(x, offset, mask)``;
   DyHead's): the layers without an offset conv of their own (their Packs, which have one, are
@@ -26,6 +29,8 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from . import nn as _dnn
+from .distributed import SyncBatchNorm as _SyncBatchNorm
+from .distributed import _GroupMeanGradient
 from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
 from .nn import _checked_im2col_step, _checked_rois, _renamed_kwargs
 
@@ -35,7 +40,7 @@ torch.fx.wrap("_roi_align")
 torch.fx.wrap("_checked_rois")
 torch.fx.wrap("_checked_im2col_step")
 
-__all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"]
+__all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "SyncBatchNorm", "register_mmcv"]
 
 
 class ROIAlign(nn.Module):
@@ -81,6 +86,43 @@ class FrozenBatchNorm2d(_dnn.FrozenBatchNorm2d):
 
     def __repr__(self) -> str:
         return f"FrozenBatchNorm2d(num_features={self.num_features}, eps={self.eps})"
+
+
+class SyncBatchNorm(_SyncBatchNorm):
+    """mmcv's ``SyncBatchNorm`` (``mmcv.ops``; mmdetection's ``MMSyncBN``), computed by detops.
+
+    mmcv's constructor and attributes (``group``, ``group_size``, ``stats_mode``) and mmcv's
+    gradients: in training over a group of several ranks, the weight and bias gradients are
+    averaged over the group (mmcv all-reduces them and divides by the group size; here they are
+    gathered and summed in rank order, so the bits repeat), where torch's and
+    :class:`detops_torch.SyncBatchNorm` leave each rank its own. The statistics are detops' (the
+    keyword-only ``mode``): the moments of the global batch, each sample weighted alike. That is
+    mmcv's ``stats_mode='N'``, and its ``'default'`` (each rank's mean weighted alike) whenever
+    every rank holds the same batch size, as data-parallel training does; both values are taken.
+    """
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, group=None,
+                 stats_mode="default", *, mode="default"):
+        check_choice("SyncBatchNorm", "stats_mode", stats_mode, ("default", "N"))
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, group, mode=mode)
+        self.group = group
+        self.stats_mode = stats_mode
+
+    @property
+    def group_size(self) -> int:
+        """The number of ranks in the group (1 without torch.distributed), as mmcv's attribute."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self.group if self.group is not None else dist.group.WORLD)
+
+    def _affine(self, group):
+        if group is None or self.weight is None:
+            return self.weight, self.bias
+        return _GroupMeanGradient.apply(self.weight, group), _GroupMeanGradient.apply(self.bias, group)
+
+    def extra_repr(self):
+        return super().extra_repr() + f", stats_mode={self.stats_mode!r}"
 
 
 class RoIAlign(nn.Module):
@@ -182,7 +224,7 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
     :class:`~detops_torch.ModulatedDeformConv2dPack`, for ``dcn=dict(type='DetopsDCN', ...)``, as
     mmdetection's ``DCN`` and ``DCNv2``) and ``DetopsMultiScaleDeformableAttention``; with mmcv
     1.x, the same names in the registries mmcv 1.x looks them up in: ``NORM_LAYERS``
-    (``DetopsSyncBN``), ``CONV_LAYERS`` (``DetopsDCN``, ``DetopsDCNv2``) and ``ATTENTION``
+    (``DetopsSyncBN``, and ``DetopsMMSyncBN``: :class:`SyncBatchNorm`, mmcv's ``MMSyncBN``), ``CONV_LAYERS`` (``DetopsDCN``, ``DetopsDCNv2``) and ``ATTENTION``
     (``DetopsMultiScaleDeformableAttention``). Returns what was registered, by qualified name.
 
     Raises ImportError, naming the cause, when mmcv is not importable.
@@ -194,14 +236,12 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
             "detops_torch.compat.register_mmcv() needs mmcv with mmcv.ops (pip install mmcv); "
             f"importing mmcv.ops failed: {type(exc).__name__}: {exc}"
         ) from exc
-    from .distributed import SyncBatchNorm
-
     registered: Dict[str, object] = {}
     for name, cls in (("DetopsRoIAlign", RoIAlign), ("DetopsRoIAlignRotated", _dnn.RoIAlignRotated)):
         setattr(mmcv_ops, name, cls)
         registered["mmcv.ops." + name] = cls
 
-    layers = {"DetopsSyncBN": SyncBatchNorm, "DetopsRoIAlign": RoIAlign,
+    layers = {"DetopsSyncBN": _SyncBatchNorm, "DetopsMMSyncBN": SyncBatchNorm, "DetopsRoIAlign": RoIAlign,
               "DetopsRoIAlignRotated": _dnn.RoIAlignRotated, "DetopsDCN": _dnn.DeformConv2dPack,
               "DetopsDCNv2": _dnn.ModulatedDeformConv2dPack,
               "DetopsMultiScaleDeformableAttention": _dnn.MultiScaleDeformableAttention}
@@ -210,7 +250,8 @@ def register_mmcv(force: bool = True) -> Dict[str, object]:
         targets = [("mmengine.MODELS", MODELS, list(layers))]
     except Exception:  # mmcv 1.x: a registry per kind of layer (the RoI layers have none)
         targets = []
-        for prefix, where, attr, names in (("mmcv.NORM_LAYERS", "mmcv.cnn", "NORM_LAYERS", ["DetopsSyncBN"]),
+        for prefix, where, attr, names in (("mmcv.NORM_LAYERS", "mmcv.cnn", "NORM_LAYERS",
+                                            ["DetopsSyncBN", "DetopsMMSyncBN"]),
                                            ("mmcv.CONV_LAYERS", "mmcv.cnn", "CONV_LAYERS",
                                             ["DetopsDCN", "DetopsDCNv2"]),
                                            ("mmcv.ATTENTION", "mmcv.cnn.bricks.registry", "ATTENTION",

@@ -86,6 +86,14 @@ def _mmcv_roi_align(m: nn.Module, opts) -> nn.Module:
                            m.use_torchvision, **_roi_kwargs(opts))
 
 
+def _mmcv_sync_bn(m: nn.Module, opts) -> nn.Module:
+    new = _built_quietly(lambda: compat.SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine,
+                                                      m.track_running_stats, m.group, m.stats_mode))
+    names = ("weight", "bias") if m.affine else ()
+    names += ("running_mean", "running_var", "num_batches_tracked") if m.track_running_stats else ()
+    return _take(new, m, names)
+
+
 def _tv_deform_conv2d(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.DeformConv2d(
         m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation, m.groups,
@@ -139,6 +147,7 @@ TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Modul
     ("detectron2.layers.roi_align", "ROIAlign"): _d2_roi_align,
     ("detectron2.layers.batch_norm", "FrozenBatchNorm2d"): _d2_frozen_bn,
     ("mmcv.ops.roi_align", "RoIAlign"): _mmcv_roi_align,
+    ("mmcv.ops.sync_bn", "SyncBatchNorm"): _mmcv_sync_bn,
     ("torchvision.ops.deform_conv", "DeformConv2d"): _tv_deform_conv2d,
     ("detectron2.layers.roi_align_rotated", "ROIAlignRotated"): _d2_roi_align_rotated,
     ("mmcv.ops.roi_align_rotated", "RoIAlignRotated"): _mmcv_roi_align_rotated,
@@ -180,7 +189,7 @@ def _convert(m: nn.Module, opts) -> nn.Module:
 def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.Module:
     """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign``,
     ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated`` and
-    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``DeformConv2d``,
+    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``SyncBatchNorm``, ``DeformConv2d``,
     ``DeformConv2dPack``, ``ModulatedDeformConv2d``, ``ModulatedDeformConv2dPack`` and
     ``MultiScaleDeformableAttention``, and Deformable-DETR ``MSDeformAttn`` in ``model`` for the
     detops module with the same configuration, parameters and buffers.

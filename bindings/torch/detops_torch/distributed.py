@@ -309,6 +309,25 @@ def _as_4d(x):
     return x.flatten(3)  # [N, C, D, H, W] -> [N, C, D, H * W]
 
 
+class _GroupMeanGradient(torch.autograd.Function):
+    """Identity forward; the backward replaces the gradient by its mean over ``group``: the ranks'
+    gradients gathered and summed in rank order, then divided by the group size (mmcv's
+    SyncBatchNorm all-reduces and divides; the order here makes the bits the same on every run)."""
+
+    @staticmethod
+    def forward(ctx, t, group):
+        ctx.group = group
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        grad = grad.contiguous()
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size(ctx.group))]
+        dist.all_gather(parts, grad, group=ctx.group)
+        return torch.stack(parts).sum(0) / len(parts), None
+
+
 class SyncBatchNorm(torch.nn.SyncBatchNorm):
     r"""``torch.nn.SyncBatchNorm`` with deterministic statistics from detops, on any process group.
 
@@ -350,6 +369,11 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         group = self.process_group if self.process_group is not None else dist.group.WORLD
         return group if dist.get_world_size(group) > 1 else None
 
+    def _affine(self, group):
+        """The weight and bias the training forward uses (torch's semantics: these Parameters, so
+        each rank gets its own gradient; mmcv's stand-in averages them over the group)."""
+        return self.weight, self.bias
+
     def forward(self, input):
         self._check_input_dim(input)
         if hasattr(self, "_check_non_zero_input_channels"):
@@ -366,7 +390,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         comm = _Comm(group, input.device)
 
-        weight, bias = self.weight, self.bias
+        weight, bias = self._affine(group)
         if weight is not None and weight.dtype not in (torch.float32, torch.float64):
             weight, bias = weight.float(), bias.float()  # detops takes float32/float64 parameters
         running_mean = self.running_mean if update else None

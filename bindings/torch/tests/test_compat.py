@@ -275,7 +275,8 @@ class RegisterMmcvTest(unittest.TestCase):
             result = compat.register_mmcv()
         self.assertIs(ops.DetopsRoIAlign, compat.RoIAlign)
         self.assertIs(ops.DetopsRoIAlignRotated, detops_torch.nn.RoIAlignRotated)
-        expected = {"DetopsSyncBN": detops_torch.SyncBatchNorm, "DetopsRoIAlign": compat.RoIAlign,
+        expected = {"DetopsSyncBN": detops_torch.SyncBatchNorm, "DetopsMMSyncBN": compat.SyncBatchNorm,
+                    "DetopsRoIAlign": compat.RoIAlign,
                     "DetopsRoIAlignRotated": detops_torch.nn.RoIAlignRotated,
                     "DetopsDCN": detops_torch.DeformConv2dPack, "DetopsDCNv2": detops_torch.ModulatedDeformConv2dPack,
                     "DetopsMultiScaleDeformableAttention": detops_torch.MultiScaleDeformableAttention}
@@ -313,10 +314,11 @@ class RegisterMmcvTest(unittest.TestCase):
         with mock.patch.dict(sys.modules, fake):
             result = compat.register_mmcv(force=False)
         self.assertEqual(registered, {("norm", "DetopsSyncBN"): (detops_torch.SyncBatchNorm, False),
+                                      ("norm", "DetopsMMSyncBN"): (compat.SyncBatchNorm, False),
                                       ("conv", "DetopsDCN"): (detops_torch.DeformConv2dPack, False),
                                       ("conv", "DetopsDCNv2"): (detops_torch.ModulatedDeformConv2dPack, False)})
         self.assertEqual(sorted(result), ["mmcv.CONV_LAYERS.DetopsDCN", "mmcv.CONV_LAYERS.DetopsDCNv2",
-                                          "mmcv.NORM_LAYERS.DetopsSyncBN",
+                                          "mmcv.NORM_LAYERS.DetopsMMSyncBN", "mmcv.NORM_LAYERS.DetopsSyncBN",
                                           "mmcv.ops.DetopsRoIAlign", "mmcv.ops.DetopsRoIAlignRotated"])
 
 

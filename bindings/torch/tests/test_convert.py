@@ -216,6 +216,9 @@ D2ROIAlign = _fake_class("detectron2.layers.roi_align", "ROIAlign",
 D2FrozenBatchNorm2d = _fake_class("detectron2.layers.batch_norm", "FrozenBatchNorm2d",
                                   body={"__init__": _d2_frozen_init, "forward": _d2_frozen_forward})
 MmcvRoIAlign = _fake_class("mmcv.ops.roi_align", "RoIAlign", body={"__init__": _mmcv_init})
+# mmcv's SyncBatchNorm's attributes (num_features, eps, momentum, affine, track_running_stats,
+# group, stats_mode) and parameters: the stand-in's own.
+MmcvSyncBatchNorm = _fake_class("mmcv.ops.sync_bn", "SyncBatchNorm", base=compat.SyncBatchNorm)
 
 
 class ConvertByClassNameTest(unittest.TestCase):
@@ -263,6 +266,18 @@ class ConvertByClassNameTest(unittest.TestCase):
         self.assertLessEqual(max_rel_error(feat2, feat), 1e-14)
         for p, r in zip(model.pooler.level_poolers, ref):
             assert_bitwise_equal(self, p(feat, rois.float()), r, "detectron2 ROIAlign")
+
+    def test_mmcv_sync_batchnorm(self):
+        # detops stands in for mmcv's SyncBatchNorm (MMSyncBN) with mmcv's semantics (its group
+        # averaging of the parameter gradients: test_sync_batch_norm), not torch's.
+        model = nn.Sequential(nn.Conv2d(3, 4, 1), MmcvSyncBatchNorm(4, eps=1e-3, momentum=0.2, stats_mode="N"))
+        old = model[1]
+        detops_torch.convert(model)
+        new = model[1]
+        self.assertIs(type(new), compat.SyncBatchNorm)
+        self.assertIs(new.weight, old.weight)
+        self.assertIs(new.running_var, old.running_var)
+        self.assertEqual((new.eps, new.momentum, new.stats_mode, new.group), (1e-3, 0.2, "N", None))
 
     def test_options_and_errors(self):
         rp = torchvision.ops.RoIAlign(7, 0.5, 2) if torchvision is not None else D2ROIAlign(7, 0.5, 2)

@@ -123,6 +123,16 @@ def _parameter_grads_only(rank, x_all, g_all, split):
     return m.weight.grad, m.bias.grad
 
 
+def _mmcv_parameter_grads(rank, x_all, g_all, split):
+    """_parameter_grads_only through mmcv's stand-in (compat.SyncBatchNorm): its parameter
+    gradients are the group's mean, the same on every rank."""
+    lo = sum(split[:rank])
+    m = detops_torch.compat.SyncBatchNorm(C, mode="exact").double()
+    y = m(x_all[lo:lo + split[rank]])
+    (y * g_all[lo:lo + split[rank]]).sum().backward()
+    return m.weight.grad, m.bias.grad, m.group_size
+
+
 def _ddp_model(mode):
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Conv2d(C, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4),
@@ -164,6 +174,7 @@ def _worker(rank, world, tmp, device="cpu"):
             for kind in ("channels", "mode", "local_failure", "backward_mode"):
                 out["disagree_" + kind] = _disagreement(kind, rank)
             out["parameter_grads_only"] = _parameter_grads_only(rank, x_all, g_all, PARAM_ONLY_SPLIT)
+            out["mmcv_parameter_grads"] = _mmcv_parameter_grads(rank, x_all, g_all, PARAM_ONLY_SPLIT)
             model = torch.nn.parallel.DistributedDataParallel(_ddp_model("exact"))
             out["ddp_isinstance"] = all(isinstance(mod, torch.nn.SyncBatchNorm) for mod in model.modules()
                                         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm))
@@ -325,6 +336,32 @@ class SyncBatchNormMultiProcessTest(unittest.TestCase):
             self.assertLess((gw - want_w).abs().max().item(), 1e-10, f"rank {r} grad_weight")
             self.assertLess((gb - want_b).abs().max().item(), 1e-10, f"rank {r} grad_bias")
             lo += n
+
+    def test_mmcv_stand_in_averages_parameter_gradients(self):
+        # mmcv's SyncBatchNorm averages grad_weight/grad_bias over the group (issue 27); detops'
+        # own SyncBatchNorm keeps torch's per-rank gradients (the test above).
+        ranks = _Spawned.get(2)
+        local = [ranks[r]["parameter_grads_only"] for r in range(2)]
+        want_w = torch.stack([local[0][0], local[1][0]]).sum(0) / 2
+        want_b = torch.stack([local[0][1], local[1][1]]).sum(0) / 2
+        for r in range(2):
+            gw, gb, group_size = ranks[r]["mmcv_parameter_grads"]
+            self.assertEqual(group_size, 2)
+            self.assertTrue(torch.equal(gw, want_w), f"rank {r} grad_weight")
+            self.assertTrue(torch.equal(gb, want_b), f"rank {r} grad_bias")
+        self.assertFalse(torch.equal(local[0][0], want_w))
+
+    def test_mmcv_stand_in_alone_and_its_interface(self):
+        x_all, g_all, _, _ = _data()
+        m = detops_torch.compat.SyncBatchNorm(C, mode="exact").double()
+        ref = SyncBatchNorm(C, mode="exact").double()
+        for layer in (m, ref):
+            (layer(x_all) * g_all).sum().backward()
+        self.assertTrue(torch.equal(m.weight.grad, ref.weight.grad))  # one process: nothing to average
+        self.assertEqual((m.group, m.group_size, m.stats_mode), (None, 1, "default"))
+        self.assertIn("stats_mode='default'", repr(m))
+        with self.assertRaisesRegex(ValueError, "stats_mode"):
+            detops_torch.compat.SyncBatchNorm(C, stats_mode="bogus")
 
     def test_ddp_step_matches_one_process(self):
         ranks = _Spawned.get(2)
