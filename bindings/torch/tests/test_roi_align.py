@@ -404,6 +404,48 @@ class BadInputTest(unittest.TestCase):
             torch.ops.detops.roi_align(x, rois.to("meta"), 1.0, 2, 2, 2, False)
 
 
+class QuantizedTest(unittest.TestCase):
+    """torchvision registers a QuantizedCPU roi_align (qint8, quint8, qint32); detops' follows its
+    semantics (issue 27): float pooling of the dequantized input, the output quantized with the
+    input's scale and zero point."""
+
+    def _case(self, seed, qdtype, scale, zero_point, images=1):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randint(40, 110, (images, 3, 10, 12), generator=gen).float()
+        rois = random_rois(gen, images, 9, 10.0, 12.0, dtype=torch.float32)
+        rois[:, 1:] = rois[:, 1:].round()  # representable in every quantization below
+        qx = torch.quantize_per_tensor(x, scale, zero_point, qdtype)
+        qrois = torch.quantize_per_tensor(rois, 1.0 if qdtype != torch.quint8 else 0.5, 0, qdtype)
+        return qx, qrois
+
+    def test_quantized_input_every_dtype(self):
+        for qdtype, (scale, zero_point), aligned in itertools.product(
+                (torch.qint8, torch.quint8, torch.qint32), ((1.0, 0), (2.0, 10), (0.1, 50)), (False, True)):
+            with self.subTest(qdtype=qdtype, scale=scale, zero_point=zero_point, aligned=aligned):
+                qx, qrois = self._case(1500, qdtype, scale, zero_point)
+                qy = detops_torch.roi_align(qx, qrois, 5, 1.0, -1, aligned)
+                self.assertTrue(qy.is_quantized)
+                self.assertEqual((qy.dtype, qy.q_scale(), qy.q_zero_point(), tuple(qy.shape)),
+                                 (qdtype, scale, zero_point, (9, 3, 5, 5)))
+                y = detops_torch.roi_align(qx.dequantize(), qrois.dequantize(), 5, 1.0, -1, aligned)
+                want = torch.quantize_per_tensor(y, scale, zero_point, qdtype)
+                self.assertTrue(torch.equal(qy.int_repr(), want.int_repr()), "requantized detops float path")
+                if torchvision is not None:
+                    theirs = tv_roi_align(qx, qrois, 5, 1.0, -1, aligned)
+                    diff = (theirs.int_repr().long() - qy.int_repr().long()).abs()
+                    self.assertLessEqual(int(diff.max()), 1, "torchvision's kernel, within one quantum")
+                    self.assertLess(int((diff != 0).sum()) / diff.numel(), 0.05)
+
+    def test_quantized_module_and_one_image_per_batch(self):
+        qx, qrois = self._case(1501, torch.quint8, 0.5, 3)
+        layer = detops_torch.RoIAlign(4, 1.0, 2, True)
+        self.assertTrue(torch.equal(layer(qx, qrois).int_repr(), detops_torch.roi_align(qx, qrois, 4, 1.0, 2,
+                                                                                        True).int_repr()))
+        qx, qrois = self._case(1502, torch.qint8, 1.0, 0, images=2)
+        with self.assertRaisesRegex(RuntimeError, "Only one image per batch is allowed"):  # torchvision's words
+            detops_torch.roi_align(qx, qrois, 5)
+
+
 @unittest.skipUnless(HAS_CUDA, "CUDA is not available")
 class CudaTest(unittest.TestCase):
     def test_cuda_matches_cpu_bitwise_in_exact_mode(self):

@@ -92,3 +92,28 @@ r.autograd("roi_align_max", _setup, _backward)
 r.autograd("_roi_align_backward", double_backward_error="detops::roi_align: double backward is not supported")
 r.autograd("_roi_align_max_backward", double_backward_error="detops::roi_align: double backward is not supported")
 
+
+# ---- quantized inputs (both layers): torchvision registers a QuantizedCPU kernel for its roi_align
+
+def _quantized_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+                       backward_mode="exact", truncation="float16"):
+    """detops::roi_align for a quantized (qint8, quint8, qint32) per-tensor input, with the
+    semantics of torchvision's qroi_align: the input (and quantized rois, each with their own
+    qparams) dequantized, pooled in float (here by detops' float32 path), and the output quantized
+    with the input's scale and zero point, in the input's dtype. One image per batch, as
+    torchvision (its batch indices need not be representable in the rois' quantization)."""
+    op = "detops::roi_align"
+    if input.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        raise DetopsError(f"{op}: quantized input has qscheme {input.qscheme()}; expected a per-tensor quantization "
+                          "(as torchvision's quantized roi_align)")
+    if input.dim() == 4 and input.size(0) != 1:
+        raise DetopsError(f"{op}: quantized input has sizes {list(input.shape)}: Only one image per batch is "
+                          "allowed in a quantized roi_align (as torchvision's); expected [1, C, H, W]")
+    x = input.dequantize()
+    boxes = rois.dequantize() if rois.is_quantized else rois.to(torch.float32)
+    out = torch.ops.detops.roi_align(x, boxes, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+                                     backward_mode, truncation)
+    return torch.quantize_per_tensor(out, input.q_scale(), input.q_zero_point(), input.dtype)
+
+
+r._library().impl("roi_align", _quantized_forward, "QuantizedCPU")
