@@ -35,7 +35,8 @@ function(_detops_comm_library target export_name)
   target_compile_features(${target} PUBLIC cxx_std_17)
   # src/ for internal/common.h (detops::internal::fail, fmt). Nothing of it reaches consumers.
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(${target} PUBLIC detops::detops PRIVATE fmt::fmt)
+  target_link_libraries(${target} PUBLIC detops::detops)
+  detops_use_fmt(${target})
   detops_target_options(${target})
   set_target_properties(${target} PROPERTIES
     POSITION_INDEPENDENT_CODE ON
