@@ -40,6 +40,10 @@ File format (text, ASCII, '#' starts a comment line):
     grad_input <count>     input.grad
     grad_weight <count>    weight.grad
     grad_offset <count>    offset.grad
+    grad_offset_mmcv <count>  the same under mmcv's (and detectron2's) border rule: their
+                           get_coordinate_weight returns 0 unless -1 < y < H and -1 < x < W, so
+                           both entries of a sample outside that open box are 0 and the rest are
+                           torchvision's (the kernels share every other expression)
     grad_mask <count>      mask.grad                          (only when mask=1)
     grad_bias <count>      bias.grad                          (only when bias=1)
     end
@@ -178,6 +182,28 @@ def run_case(c):
     return res
 
 
+def mmcv_grad_offset(c, grad_offset):
+    """grad_offset under mmcv's border rule: torchvision's, with both entries of every sample
+    outside -1 < y < H, -1 < x < W set to 0. The coordinates are exact (dyadic offsets), and the
+    check uses the same float64 sums torchvision's kernel forms."""
+    N, H, W, kh, kw, og, Ho, Wo = (c[k] for k in ("N", "H", "W", "kh", "kw", "og", "Ho", "Wo"))
+    out = list(grad_offset)
+    plane = Ho * Wo
+    for n in range(N):
+        for t in range(og * kh * kw):
+            i, j = (t % (kh * kw)) // kw, t % kw
+            base = (n * 2 * og * kh * kw + 2 * t) * plane
+            for ho in range(Ho):
+                for wo in range(Wo):
+                    at = base + ho * Wo + wo
+                    y = (ho * c["sh"] - c["ph"] + i * c["dh"]) + c["offset"][at]
+                    x = (wo * c["sw"] - c["pw"] + j * c["dw"]) + c["offset"][at + plane]
+                    if not (-1 < y < H and -1 < x < W):
+                        out[at] = 0.0
+                        out[at + plane] = 0.0
+    return out
+
+
 def render():
     torch.set_num_threads(1)
     rng = random.Random(SEED)
@@ -208,6 +234,7 @@ def render():
         emit_array(lines, "grad_input", res["grad_input"], c["W"])
         emit_array(lines, "grad_weight", res["grad_weight"], c["kw"])
         emit_array(lines, "grad_offset", res["grad_offset"], c["Wo"])
+        emit_array(lines, "grad_offset_mmcv", mmcv_grad_offset(c, res["grad_offset"]), c["Wo"])
         if c["has_mask"]:
             emit_array(lines, "grad_mask", res["grad_mask"], c["Wo"])
         if c["has_bias"]:

@@ -172,8 +172,12 @@ internal::DeformConv2dCall validate_backward(const char* op, const TensorView& g
          "bitwise reproducible)", op);
   if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kExact)
     fail(kBad, "{}: backward mode {} is unknown; expected atomic or exact", op, static_cast<int>(b.mode));
+  if (b.border_rule != DeformBorderRule::kTorchvision && b.border_rule != DeformBorderRule::kMmcv)
+    fail(kBad, "{}: border_rule {} is unknown; expected kTorchvision (0) or kMmcv (1)", op,
+         static_cast<int>(b.border_rule));
   internal::DeformConv2dCall call{};
   call.op = op;
+  call.border_rule = b.border_rule;
   call.shape = check_arguments(op, input, weight, offset, mask, TensorView{}, o);
   check_result(op, "grad_output", grad_output, input, call.shape);
   if (g.grad_input.defined()) internal::check_like(op, "grad_input", g.grad_input, "input", input);

@@ -42,6 +42,7 @@ internal::DeformConv2dCall make_call(const test::DeformConv2dTensors& t, const t
   call.mask = t.mask;
   call.bias = t.bias;
   call.grad_output = t.grad_output;
+  call.border_rule = p.border_rule;
   detail::DeformConv2dShape& s = call.shape;
   s = {p.N, p.Cin, p.H, p.W, p.Cout, p.kh, p.kw, p.Ho(), p.Wo(), p.groups, p.offset_groups, p.opt.stride_h,
        p.opt.stride_w, p.opt.pad_h, p.opt.pad_w, p.opt.dilation_h, p.opt.dilation_w, p.has_mask, p.has_bias};
@@ -215,8 +216,10 @@ TEST(DeformConv2dEmulated, KernelBodiesMatchTheCpuBackendBitwise) {
   DeformConv2dOptions o{};
   o.pad_h = o.pad_w = 1;
   configs.push_back({2, 6, 4, 5, 5, 3, 3, 1, 2, o, true, true});
-  for (std::size_t i = 0; i < configs.size(); ++i) {
-    const test::DeformConv2dProblem p = test::make_deform_problem(configs[i], 40 + i, 2.5);
+  // and a fresh mmcv DCN layer under mmcv's border rule (every border tap at exactly -1)
+  for (std::size_t i = 0; i <= configs.size(); ++i) {
+    const test::DeformConv2dProblem p = i < configs.size() ? test::make_deform_problem(configs[i], 40 + i, 2.5)
+                                                           : test::fresh_dcn_problem(DeformBorderRule::kMmcv, 40 + i);
     for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
       for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
         const test::DeformConv2dTensors t = test::deform_tensors(p, dt, layout);

@@ -3,7 +3,9 @@
 // (scripts/gen_golden_deform_conv2d.py), whose offsets put many samples on the cases where the
 // rules are subtle: coordinates exactly -1, 0, H - 1 and H, integers and half pixels. Two sides
 // are checked against them: the float64 reference (tests/reference/deform_conv2d_reference.h,
-// written from the documented math) and detops' own CPU backend in both backward modes.
+// written from the documented math) and detops' own CPU backend in both backward modes, under
+// both border rules (the file's grad_offset_mmcv: mmcv's and detectron2's rule, derived by the
+// generator from their kernels' early return).
 // torchvision forms its products with a BLAS GEMM, which sums in its own order (and blocks), so
 // neither side can agree to the bit; both must agree to a few units of rounding of each array's
 // peak (kTolerance: 1e-12 of the peak, ~4500 ulps of it, far below any rule difference, which
@@ -34,7 +36,19 @@ struct GoldenCase {
   std::string name;
   test::DeformConv2dProblem p{};
   test::DeformConv2dResult want;  // torchvision's output and gradients
+  std::vector<double> grad_offset_mmcv;  // grad_offset under mmcv's border rule
+
+  /// The expected results under `rule` (only grad_offset depends on it).
+  test::DeformConv2dResult expected(DeformBorderRule rule) const {
+    test::DeformConv2dResult r = want;
+    if (rule == DeformBorderRule::kMmcv) r.grad_offset = grad_offset_mmcv;
+    return r;
+  }
 };
+
+constexpr DeformBorderRule kRules[] = {DeformBorderRule::kTorchvision, DeformBorderRule::kMmcv};
+
+const char* rule_name(DeformBorderRule r) { return r == DeformBorderRule::kMmcv ? "mmcv rule" : "torchvision rule"; }
 
 std::string convert(const test::GoldenRecord& r, GoldenCase* c) {
   test::DeformConv2dProblem& p = c->p;
@@ -61,7 +75,8 @@ std::string convert(const test::GoldenRecord& r, GoldenCase* c) {
                      offset = p.N * 2 * taps * Ho * Wo, mask = p.N * taps * Ho * Wo;
   std::vector<std::pair<std::string, std::int64_t>> arrays = {
       {"input", image},   {"weight", weight},          {"offset", offset},         {"grad_output", out},
-      {"output", out},    {"grad_input", image},       {"grad_weight", weight},    {"grad_offset", offset}};
+      {"output", out},    {"grad_input", image},       {"grad_weight", weight},    {"grad_offset", offset},
+      {"grad_offset_mmcv", offset}};
   if (p.has_mask) arrays.insert(arrays.end(), {{"mask", mask}, {"grad_mask", mask}});
   if (p.has_bias) arrays.insert(arrays.end(), {{"bias", p.Cout}, {"grad_bias", p.Cout}});
   for (const auto& [label, count] : arrays)
@@ -82,6 +97,7 @@ std::string convert(const test::GoldenRecord& r, GoldenCase* c) {
   c->want.grad_input = get("grad_input");
   c->want.grad_weight = get("grad_weight");
   c->want.grad_offset = get("grad_offset");
+  c->grad_offset_mmcv = get("grad_offset_mmcv");
   c->want.grad_mask = get("grad_mask");
   c->want.grad_bias = get("grad_bias");
   return "";
@@ -174,25 +190,45 @@ TEST(DeformConv2dGolden, SamplesLandOnBordersIntegersAndHalfPixels) {
     for (int k = 0; k < kCount; ++k) EXPECT_GT(seen[a][k], 0) << (a == 0 ? "y" : "x") << " never " << names[k];
 }
 
-TEST(DeformConv2dGolden, Float64ReferenceMatchesTorchvision) {
+TEST(DeformConv2dGolden, Float64ReferenceMatchesTorchvisionAndMmcvRules) {
   ASSERT_TRUE(golden().error.empty()) << golden().error;
-  std::vector<double> worst(6, 0.0);
+  for (const DeformBorderRule rule : kRules) {
+    std::vector<double> worst(6, 0.0);
+    for (const GoldenCase& c : golden().cases) {
+      SCOPED_TRACE(c.name + " " + rule_name(rule));
+      test::DeformConv2dProblem p = c.p;
+      p.border_rule = rule;
+      const test::DeformConv2dResult got = test::ref::deform_conv2d(p), want = c.expected(rule);
+      const auto g = quantities(got), w = quantities(want);
+      for (std::size_t q = 0; q < g.size(); ++q) {
+        const double e = error_to_peak(*g[q].second, *w[q].second);
+        worst[q] = std::max(worst[q], e);
+        EXPECT_LE(e, kTolerance) << g[q].first << ": " << g[q].second->size() << " values, the golden file's "
+                                 << w[q].second->size();
+      }
+    }
+    // The figures themselves, for the record.
+    std::printf("[ reference vs golden (%s), max over cases, error / peak ]", rule_name(rule));
+    const auto names = quantities(test::DeformConv2dResult{});
+    for (std::size_t q = 0; q < worst.size(); ++q) std::printf(" %s %.3g", names[q].first, worst[q]);
+    std::printf("\n");
+  }
+}
+
+// The two rules must really differ on the file (samples at exactly -1 with a nonzero one-sided
+// derivative), and only in grad_offset's entries of samples outside -1 < y < H, -1 < x < W.
+TEST(DeformConv2dGolden, BorderRulesDifferOnlyAtMinusOne) {
+  ASSERT_TRUE(golden().error.empty()) << golden().error;
+  std::int64_t differ = 0;
   for (const GoldenCase& c : golden().cases) {
-    SCOPED_TRACE(c.name);
-    const test::DeformConv2dResult got = test::ref::deform_conv2d(c.p);
-    const auto g = quantities(got), w = quantities(c.want);
-    for (std::size_t q = 0; q < g.size(); ++q) {
-      const double e = error_to_peak(*g[q].second, *w[q].second);
-      worst[q] = std::max(worst[q], e);
-      EXPECT_LE(e, kTolerance) << g[q].first << ": " << g[q].second->size() << " values, torchvision's "
-                               << w[q].second->size();
+    ASSERT_EQ(c.grad_offset_mmcv.size(), c.want.grad_offset.size()) << c.name;
+    for (std::size_t i = 0; i < c.grad_offset_mmcv.size(); ++i) {
+      if (c.grad_offset_mmcv[i] == c.want.grad_offset[i]) continue;
+      ++differ;
+      EXPECT_EQ(c.grad_offset_mmcv[i], 0.0) << c.name << " entry " << i;
     }
   }
-  // The figures themselves, for the record.
-  std::printf("[ reference vs torchvision, max over cases, error / peak ]");
-  const auto names = quantities(test::DeformConv2dResult{});
-  for (std::size_t q = 0; q < worst.size(); ++q) std::printf(" %s %.3g", names[q].first, worst[q]);
-  std::printf("\n");
+  EXPECT_GT(differ, 20);
 }
 
 /// A CPU float64 NCHW tensor holding `v`, or (for empty `v`) no tensor.
@@ -200,7 +236,7 @@ Tensor tensor_or_none(std::initializer_list<std::int64_t> sizes, const std::vect
   return v.empty() ? Tensor{} : test::make_tensor(sizes, DType::kFloat64, v);
 }
 
-TEST(DeformConv2dGolden, Float64CpuMatchesTorchvisionInBothModes) {
+TEST(DeformConv2dGolden, Float64CpuMatchesBothRulesInBothModes) {
   ASSERT_TRUE(golden().error.empty()) << golden().error;
   for (const GoldenCase& c : golden().cases) {
     const test::DeformConv2dProblem& p = c.p;
@@ -213,8 +249,11 @@ TEST(DeformConv2dGolden, Float64CpuMatchesTorchvisionInBothModes) {
     const Tensor grad_output = test::make_tensor({p.N, p.Cout, Ho, Wo}, DType::kFloat64, p.grad_output);
     Context ctx;
     ctx.num_threads = 2;
-    for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kExact}) {
-      SCOPED_TRACE(c.name + " " + to_string(mode));
+    for (const auto& [mode, rule] : {std::pair{BackwardMode::kAtomic, DeformBorderRule::kTorchvision},
+                                     std::pair{BackwardMode::kExact, DeformBorderRule::kTorchvision},
+                                     std::pair{BackwardMode::kAtomic, DeformBorderRule::kMmcv},
+                                     std::pair{BackwardMode::kExact, DeformBorderRule::kMmcv}}) {
+      SCOPED_TRACE(c.name + " " + to_string(mode) + " " + rule_name(rule));
       // Outputs poisoned with 0xCD bytes (-6.3e66 as a double): every element must be written.
       Tensor output = Tensor::empty({p.N, p.Cout, Ho, Wo}, DType::kFloat64);
       Tensor grad_input = Tensor::empty({p.N, p.Cin, p.H, p.W}, DType::kFloat64);
@@ -233,6 +272,7 @@ TEST(DeformConv2dGolden, Float64CpuMatchesTorchvisionInBothModes) {
       grads.grad_bias = grad_bias;
       DeformConv2dBackwardOptions backward;
       backward.mode = mode;
+      backward.border_rule = rule;
       deform_conv2d_backward(grad_output, input, weight, offset, mask, grads, p.opt, backward, ctx);
       test::DeformConv2dResult got;
       got.output = test::to_vector(output);
@@ -241,7 +281,8 @@ TEST(DeformConv2dGolden, Float64CpuMatchesTorchvisionInBothModes) {
       got.grad_offset = test::to_vector(grad_offset);
       if (p.has_mask) got.grad_mask = test::to_vector(grad_mask);
       if (p.has_bias) got.grad_bias = test::to_vector(grad_bias);
-      const auto g = quantities(got), w = quantities(c.want);
+      const test::DeformConv2dResult want = c.expected(rule);
+      const auto g = quantities(got), w = quantities(want);
       for (std::size_t q = 0; q < g.size(); ++q)
         EXPECT_LE(error_to_peak(*g[q].second, *w[q].second), kTolerance) << g[q].first;
     }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "deform_conv2d_test_util.h"
@@ -261,6 +262,80 @@ TEST(DeformConv2d, NonFiniteOffsetsSampleNothing) {
   for (double v : to_vector(r.output)) EXPECT_TRUE(std::isfinite(v));
   for (double v : to_vector(r.grad_input)) EXPECT_TRUE(std::isfinite(v));
   for (double v : to_vector(r.grad_offset)) EXPECT_TRUE(std::isfinite(v));
+}
+
+// A fresh mmcv DCN layer (zero offsets, padding 1): every border tap sits exactly on row or
+// column -1. Under mmcv's rule those taps' offset gradients are 0; under torchvision's they are
+// the one-sided derivatives (nonzero). Nothing else may change, in either mode, in any dtype.
+TEST(DeformConv2d, MmcvBorderRuleZeroesOffsetGradientsAtMinusOneOnly) {
+  const DeformConv2dProblem tv = test::fresh_dcn_problem(DeformBorderRule::kTorchvision, 7);
+  const DeformConv2dProblem mm = test::fresh_dcn_problem(DeformBorderRule::kMmcv, 7);
+  const std::int64_t Ho = tv.Ho(), Wo = tv.Wo(), K = tv.kh * tv.kw;
+  // whether offset channel ch at (ho, wo) belongs to a tap outside -1 < y < H, -1 < x < W
+  auto outside = [&](std::int64_t ch, std::int64_t ho, std::int64_t wo) {
+    const std::int64_t tap = (ch / 2) % K, i = tap / tv.kw, j = tap % tv.kw;
+    const std::int64_t y = ho - tv.opt.pad_h + i, x = wo - tv.opt.pad_w + j;
+    return y <= -1 || y >= tv.H || x <= -1 || x >= tv.W;
+  };
+  for (DType dt : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
+    const test::DeformConv2dResult ref = test::ref::deform_conv2d(test::rounded_problem(mm, dt));
+    for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
+      const std::string what = std::string(dtype_name(dt)) + " " + to_string(mode);
+      const DeformConv2dRun a = test::run_deform_conv2d(tv, dt, Layout::kNCHW, mode, 2);
+      const DeformConv2dRun b = test::run_deform_conv2d(mm, dt, Layout::kNCHW, mode, 2);
+      for (const auto& [x, y, n] : {std::tuple{&a.output, &b.output, "output"},
+                                    std::tuple{&a.grad_input, &b.grad_input, "grad_input"},
+                                    std::tuple{&a.grad_weight, &b.grad_weight, "grad_weight"},
+                                    std::tuple{&a.grad_mask, &b.grad_mask, "grad_mask"},
+                                    std::tuple{&a.grad_bias, &b.grad_bias, "grad_bias"}})
+        EXPECT_TRUE(test::same_bytes(*x, *y)) << what << " " << n;
+      const std::vector<double> ga = to_vector(a.grad_offset), gb = to_vector(b.grad_offset);
+      std::int64_t border = 0, nonzero = 0;
+      for (std::int64_t n = 0; n < tv.N; ++n)
+        for (std::int64_t ch = 0; ch < 2 * tv.offset_groups * K; ++ch)
+          for (std::int64_t ho = 0; ho < Ho; ++ho)
+            for (std::int64_t wo = 0; wo < Wo; ++wo) {
+              const auto at = static_cast<std::size_t>(((n * 2 * tv.offset_groups * K + ch) * Ho + ho) * Wo + wo);
+              if (!outside(ch, ho, wo)) {
+                EXPECT_EQ(ga[at], gb[at]) << what << " inside entry " << at;
+                continue;
+              }
+              ++border;
+              nonzero += ga[at] != 0;
+              EXPECT_EQ(gb[at], 0.0) << what << " border entry " << at;
+            }
+      EXPECT_GT(border, 0) << what;
+      // at y = -1 only the y entry is one-sided (the x derivative reads row -1 alone: 0), and the
+      // corner taps have both coordinates at -1: a good fifth of the border entries are nonzero
+      EXPECT_GT(nonzero, border / 5) << what << ": torchvision's one-sided derivatives should be nonzero";
+      expect_close(b.grad_offset, ref.grad_offset, tolerance(dt), what + " grad_offset vs the mmcv-rule reference");
+    }
+  }
+}
+
+TEST(DeformConv2d, BadBorderRuleThrowsAndWritesNothing) {
+  const DeformConv2dProblem p = test::make_deform_problem(test::deform_configs()[0], 3);
+  const test::DeformConv2dTensors t = test::deform_tensors(p, DType::kFloat32, Layout::kNCHW);
+  Tensor grad_offset = Tensor::empty({p.N, 2 * p.offset_groups * p.kh * p.kw, p.Ho(), p.Wo()}, DType::kFloat32);
+  grad_offset.fill_bytes(0xCD);
+  const Tensor before = grad_offset.to(Device::cpu());
+  DeformConv2dGrads g;
+  g.grad_offset = grad_offset;
+  DeformConv2dBackwardOptions b;
+  b.border_rule = static_cast<DeformBorderRule>(2);
+  for (bool query : {false, true}) {
+    try {
+      if (query)
+        deform_conv2d_backward_workspace_size(t.grad_output, t.input, t.weight, t.offset, t.mask, g, p.opt, b);
+      else
+        deform_conv2d_backward(t.grad_output, t.input, t.weight, t.offset, t.mask, g, p.opt, b);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("border_rule 2 is unknown"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(test::same_bytes(grad_offset, before));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 // layout (CPU or a device), results kept as tensors for bitwise comparisons.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -94,6 +95,7 @@ inline DeformConv2dRun run_deform_conv2d(const DeformConv2dProblem& p, DType dt,
   DeformConv2dGrads g{r.grad_input, r.grad_weight, r.grad_offset, r.grad_mask, r.grad_bias};
   DeformConv2dBackwardOptions b;
   b.mode = mode;
+  b.border_rule = p.border_rule;
   deform_conv2d_backward(t.grad_output, t.input, t.weight, t.offset, t.mask, g, p.opt, b, ctx);
   if (!dev.is_cpu()) {
     for (Tensor* x : {&r.output, &r.grad_input, &r.grad_weight, &r.grad_offset, &r.grad_mask, &r.grad_bias})
@@ -115,6 +117,16 @@ inline std::vector<DeformConv2dConfig> deform_configs() {
       {1, 6, 7, 5, 4, 3, 2, 2, 3, strided, true, false},
       {2, 3, 1, 9, 2, 1, 3, 1, 1, plain, true, true},
   };
+}
+
+/// A freshly built mmcv DCN layer's first step: zero offsets and padding 1 put every border tap
+/// exactly on row or column -1, where the two border rules differ (config 1 of deform_configs:
+/// groups, offset groups and a mask).
+inline DeformConv2dProblem fresh_dcn_problem(DeformBorderRule rule, std::uint64_t seed) {
+  DeformConv2dProblem p = make_deform_problem(deform_configs()[1], seed);
+  std::fill(p.offset.begin(), p.offset.end(), 0.0);
+  p.border_rule = rule;
+  return p;
 }
 
 }  // namespace test

@@ -1,9 +1,10 @@
 // Deformable convolution (v1, and v2 with a modulation mask) forward and backward on CPU and CUDA,
 // with the semantics of torchvision.ops.deform_conv2d, which mmcv's ModulatedDeformConv2d and
-// detectron2's DeformConv follow. Two backward modes: atomic (grad_input scattered with atomicAdd
-// on CUDA, as every anchor does: fast, not reproducible there, and silent: none of them raises
-// PyTorch's nondeterminism alert) and exact (bitwise reproducible by construction: the same bits
-// across runs, CPU thread counts, layouts, and CPU vs CUDA).
+// detectron2's DeformConv follow except for one border rule of the offset gradient (border_rule
+// below picks either). Two backward modes: atomic (grad_input scattered with atomicAdd on CUDA,
+// as every anchor does: fast, not reproducible there, and silent: none of them raises PyTorch's
+// nondeterminism alert) and exact (bitwise reproducible by construction: the same bits across
+// runs, CPU thread counts, layouts, and CPU vs CUDA).
 //
 // Shapes (any non-negative strides; NCHW and NHWC are both read from the strides):
 //   input        [N, Cin, H, W]                float32 | float64 | float16 | bfloat16
@@ -29,7 +30,9 @@
 //     weight[o, c, i, j] * sample(n, c, i, j, ho, wo)
 //   grad_offset and grad_mask: torchvision's derivatives (a coordinate on a pixel row or column
 //   takes the derivative from above, as torchvision's), one writer each, summed over the offset
-//   group's channels in order.
+//   group's channels in order. At a coordinate of exactly -1 torchvision's grad_offset is the
+//   one-sided derivative and mmcv's/detectron2's is 0: DeformConv2dBackwardOptions::border_rule
+//   picks (mmcv and detectron2 otherwise share these semantics).
 //
 // Arithmetic: the two products (columns = samples, then weight x columns) use one fixed-order,
 // FMA-free GEMM shared by the CPU and CUDA backends (detail/deform_conv2d_math.h): every output
@@ -58,8 +61,8 @@
 // or sizes (including an output size that is not positive, channels not divisible by groups or
 // offset groups), dtypes or devices that do not match, non-positive stride or dilation, negative
 // padding, an output that shares memory with another argument, a workspace too small,
-// BackwardMode::kTruncated. N = 0, Cout = 0 and Cin = 0 succeed (outputs are zero-filled where
-// they have elements: the output is then the bias).
+// BackwardMode::kTruncated, a mode or border rule outside its enum. N = 0, Cout = 0 and Cin = 0
+// succeed (outputs are zero-filled where they have elements: the output is then the bias).
 //
 // CUDA: work is enqueued on Context::cuda_stream, no host synchronization.
 #pragma once
@@ -81,9 +84,28 @@ struct DeformConv2dOptions {
   std::int64_t dilation_h = 1, dilation_w = 1;
 };
 
+/// Which offset gradient a sampling point on or beyond the map's border row or column gets. The
+/// two families of kernels differ at exactly one place: a coordinate of exactly -1 (y = -1 or
+/// x = -1), where the sample itself is 0.
+///   kTorchvision  torchvision's get_coordinate_weight: no early return, only the corners on the
+///                 map count, so at y = -1 the y derivative is the one from above (row 0); the
+///                 default.
+///   kMmcv         mmcv's and detectron2's (get_coordinate_weight / dmcn_get_coordinate_weight,
+///                 CPU and CUDA): a zero offset gradient unless -1 < y < H and -1 < x < W. A
+///                 freshly built mmcv DCN layer (zero offsets) with padding puts every border tap
+///                 exactly at -1, so this changes the very first step: mmcv's stand-ins use it.
+/// Nothing else depends on the rule (the output, grad_input, grad_weight, grad_mask and grad_bias
+/// are the same under both), nor does the arithmetic inside the map: torchvision's expressions.
+enum class DeformBorderRule : std::int32_t {
+  kTorchvision = 0,
+  kMmcv = 1,
+};
+
 struct DeformConv2dBackwardOptions {
   /// kAtomic or kExact (kTruncated is refused).
   BackwardMode mode = BackwardMode::kExact;
+  /// The offset gradient's border rule (both backward modes; grad_offset only).
+  DeformBorderRule border_rule = DeformBorderRule::kTorchvision;
 };
 
 /// Bytes of workspace deform_conv2d_forward needs for these arguments.

@@ -23,6 +23,7 @@ struct DeformConv2dCall {
   TensorView output;       // forward
   TensorView grad_output;  // backward
   DeformConv2dGrads grads;  // backward
+  DeformBorderRule border_rule = DeformBorderRule::kTorchvision;  // backward
   detail::DeformConv2dShape shape;
 };
 
@@ -220,7 +221,8 @@ void deform_backward_steps(const DeformConv2dCall& call, const DeformBackwardBuf
     }
     if (!w.columns()) continue;
     x.gemm(deform_grad_col_gemm(s, buf.weight, buf.go, buf.grad_col, Q));
-    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q};
+    const detail::DeformConv2dBackwardArgs<T> a{f, buf.grad_col, n0, Q,
+                                                call.border_rule == DeformBorderRule::kMmcv};
     if (w.offset || w.mask) x.offsets(a, images);
     if (w.input) x.input(a, images);
   }

@@ -26,6 +26,9 @@
 //     integer y inside the map it is row floor(y) + 1 minus row floor(y), again from above;
 //   - grad_input's "|y - yp| < 1" rule gives nothing at y = -1 or y >= H, and at an integer y only
 //     the row y itself (weight 1): the same as the forward's weights there.
+// mmcv's and detectron2's rule (DeformBorderRule::kMmcv; their get_coordinate_weight returns
+// early): coordinate_weight is 0 unless -1 < y < H and -1 < x < W, which differs from the above
+// only at a coordinate of exactly -1; everything else is the same.
 #pragma once
 
 #include <cmath>
@@ -48,6 +51,7 @@ struct DeformConv2dProblem {
   std::vector<double> mask;         // [N, offset_groups * kh * kw, Ho, Wo], or empty
   std::vector<double> bias;         // [Cout], or empty
   std::vector<double> grad_output;  // [N, Cout, Ho, Wo] (empty: forward only)
+  DeformBorderRule border_rule = DeformBorderRule::kTorchvision;  // grad_offset's rule (see the top)
 
   std::int64_t Ho() const { return (H + 2 * opt.pad_h - (opt.dilation_h * (kh - 1) + 1)) / opt.stride_h + 1; }
   std::int64_t Wo() const { return (W + 2 * opt.pad_w - (opt.dilation_w * (kw - 1) + 1)) / opt.stride_w + 1; }
@@ -198,10 +202,14 @@ inline DeformConv2dResult deform_conv2d(const DeformConv2dProblem& p) {
                     r.grad_input[sz((n * C + c) * H * W + yp * W + xp)] += s.m * ((1 - dy) * (1 - dx)) * gc;
                   }
               }
-              r.grad_offset[off_at(n, 2 * s.t, ho, wo)] +=
-                  s.m * deform_coordinate_weight(plane, H, W, s.y, s.x, true) * gc;
-              r.grad_offset[off_at(n, 2 * s.t + 1, ho, wo)] +=
-                  s.m * deform_coordinate_weight(plane, H, W, s.y, s.x, false) * gc;
+              const bool coord = p.border_rule == DeformBorderRule::kTorchvision ||
+                                 (s.y > -1 && s.y < static_cast<double>(H) && s.x > -1 && s.x < static_cast<double>(W));
+              if (coord) {
+                r.grad_offset[off_at(n, 2 * s.t, ho, wo)] +=
+                    s.m * deform_coordinate_weight(plane, H, W, s.y, s.x, true) * gc;
+                r.grad_offset[off_at(n, 2 * s.t + 1, ho, wo)] +=
+                    s.m * deform_coordinate_weight(plane, H, W, s.y, s.x, false) * gc;
+              }
               if (p.has_mask) r.grad_mask[mask_at(n, s.t, ho, wo)] += gc * deform_bilinear(plane, H, W, s.y, s.x);
             }
 

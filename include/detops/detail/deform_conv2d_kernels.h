@@ -267,13 +267,16 @@ struct DeformConv2dBackwardArgs {
   DeformConv2dArgs<T> f;
   const acc_t<T>* grad_col;
   std::int64_t n0, Q;
+  /// DeformBorderRule::kMmcv: no coordinate derivative outside -1 < y < H, -1 < x < W.
+  bool coord_grad_inside_only;
 };
 
 /// grad_offset and grad_mask, one (b, offset group g, tap, p) per thread: t in
 /// [0, images * og * taps * P), p fastest. Sums over the group's channels c in order:
 ///   gy = gy + (m * wy_c) * gc, gx likewise, gm = gm + gc * bilinear_c
-/// with gc = grad_columns[c * taps + tap, q] (torchvision's expressions). Either output may be
-/// null (not wanted).
+/// with gc = grad_columns[c * taps + tap, q] (torchvision's expressions); under mmcv's border rule
+/// (a.coord_grad_inside_only) gy and gx stay 0 for a point outside -1 < y < H, -1 < x < W. Either
+/// output may be null (not wanted).
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
                                                             T* grad_offset, const Strides4& gos, T* grad_mask,
@@ -287,15 +290,18 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, cons
   const DeformCorners<A> k = deform_corners(pt.y, pt.x, s.H, s.W);
   A gy = A(0), gx = A(0), gm = A(0);
   const std::int64_t cg = s.offset_group_channels();
+  const bool coord = !a.coord_grad_inside_only || k.inside;
   if (k.any) {
     for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c) {
       A v[4];
       deform_corner_values(k, a.f.input + n * a.f.in.s0 + c * a.f.in.s1, a.f.in.s2, a.f.in.s3, v);
       const A gc = a.grad_col[(c * taps + tap) * a.Q + q];
-      A wy, wx;
-      deform_coordinate_weights(k, v, &wy, &wx);
-      gy = gy + pt.m * wy * gc;
-      gx = gx + pt.m * wx * gc;
+      if (coord) {
+        A wy, wx;
+        deform_coordinate_weights(k, v, &wy, &wx);
+        gy = gy + pt.m * wy * gc;
+        gx = gx + pt.m * wx * gc;
+      }
       gm = gm + gc * deform_bilinear(k, v);
     }
   }
