@@ -15,6 +15,14 @@ using Grads5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
   throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": " + what);
 }
 
+/// torchvision's border rule for the offset gradient, or mmcv's (also detectron2's): see
+/// include/detops/deform_conv2d.h, DeformBorderRule.
+DeformBorderRule parse_border_rule(const char* op, Str s) {
+  if (sv(s) == "torchvision") return DeformBorderRule::kTorchvision;
+  if (sv(s) == "mmcv") return DeformBorderRule::kMmcv;
+  bad_mode(op, "border_rule", s, "'torchvision', 'mmcv'");
+}
+
 std::string pair_str(int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
 DeformConv2dOptions make_options(const char* op, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
@@ -100,9 +108,10 @@ Grads5 gradients_like(const char* op, const Tensor& grad_output, const Tensor& i
 Tensor deform_conv2d_kernel(const Tensor& input, const Tensor& weight, const Tensor& offset,
                             const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                             int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                            int64_t groups, int64_t offset_groups, bool use_mask, Str mode) {
+                            int64_t groups, int64_t offset_groups, bool use_mask, Str mode, Str border_rule) {
   return guarded([&] {
-    parse_exact_or_atomic(kForward, mode);
+    parse_exact_or_atomic(kForward, mode);  // a bad mode or rule fails now, not in the backward
+    parse_border_rule(kForward, border_rule);
     const DeformConv2dOptions options =
         make_options(kForward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
     const Tensor m = mask_used(kForward, mask, use_mask);
@@ -122,11 +131,12 @@ Grads5 deform_conv2d_backward_kernel(const Tensor& grad_output, const Tensor& in
                                      const Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h,
                                      int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                      int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
-                                     bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
-                                     bool bias_grad) {
+                                     Str border_rule, bool input_grad, bool weight_grad, bool offset_grad,
+                                     bool mask_grad, bool bias_grad) {
   return guarded([&] {
     DeformConv2dBackwardOptions backward;
     backward.mode = parse_exact_or_atomic(kBackward, mode);
+    backward.border_rule = parse_border_rule(kBackward, border_rule);
     const DeformConv2dOptions options =
         make_options(kBackward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
     const Tensor m = value_or_undefined(mask);
@@ -171,24 +181,25 @@ Optional<Tensor> as_optional(const at::Tensor& t) { return t.defined() ? Optiona
 at::Tensor call_deform_conv2d(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
                               const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                               int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
-                              int64_t groups, int64_t offset_groups, Str mode) {
+                              int64_t groups, int64_t offset_groups, Str mode, Str border_rule) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::deform_conv2d", "")
                        .typed<decltype(deform_conv2d_kernel)>();
   return op.call(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-                 offset_groups, mask.has_value(), mode);
+                 offset_groups, mask.has_value(), mode, border_rule);
 }
 
 Grads5 call_backward(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
                      const at::Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h, int64_t stride_w,
                      int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                     int64_t offset_groups, Str mode, bool input_grad, bool weight_grad, bool offset_grad,
-                     bool mask_grad, bool bias_grad) {
+                     int64_t offset_groups, Str mode, Str border_rule, bool input_grad, bool weight_grad,
+                     bool offset_grad, bool mask_grad, bool bias_grad) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_deform_conv2d_backward", "")
                        .typed<decltype(deform_conv2d_backward_kernel)>();
   return op.call(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
-                 groups, offset_groups, mode, input_grad, weight_grad, offset_grad, mask_grad, bias_grad);
+                 groups, offset_groups, mode, border_rule, input_grad, weight_grad, offset_grad, mask_grad,
+                 bias_grad);
 }
 
 // The integer options, saved and restored in this order.
@@ -201,17 +212,18 @@ class DeformConv2dFunction : public ::torch::autograd::Function<DeformConv2dFunc
                                const at::Tensor& offset, const Optional<Tensor>& mask,
                                const Optional<Tensor>& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                                int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
-                               int64_t offset_groups, Str mode) {
+                               int64_t offset_groups, Str mode, Str border_rule) {
     const int64_t ints[] = {stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups};
     for (size_t i = 0; i < 8; ++i) ctx->saved_data[kIntOptions[i]] = ints[i];
     ctx->saved_data["mode"] = str(mode);
+    ctx->saved_data["border_rule"] = str(border_rule);
     ctx->saved_data["has_mask"] = mask.has_value();
     ctx->saved_data["has_bias"] = bias.has_value();
     // The bias is not needed by the backward (its gradient sums grad_output).
     ctx->save_for_backward({input, weight, offset, mask.has_value() ? *mask : at::Tensor()});
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                               dilation_w, groups, offset_groups, mode)};
+                               dilation_w, groups, offset_groups, mode, border_rule)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
@@ -219,19 +231,21 @@ class DeformConv2dFunction : public ::torch::autograd::Function<DeformConv2dFunc
     int64_t v[8];
     for (size_t i = 0; i < 8; ++i) v[i] = ctx->saved_data[kIntOptions[i]].toInt();
     const std::string mode = ctx->saved_data["mode"].toStringRef();
+    const std::string border_rule = ctx->saved_data["border_rule"].toStringRef();
     const bool has_mask = ctx->saved_data["has_mask"].toBool();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     // needs_input_grad indexes the tensors present: 0 input, 1 weight, 2 offset, then the mask (if
     // any) and the bias (if any).
     const size_t bias_index = has_mask ? 4 : 3;
     Grads5 g = call_backward(grad_output[0], s[0], s[1], s[2], has_mask ? Optional<Tensor>(s[3]) : c10::nullopt,
-                             v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], mode, ctx->needs_input_grad(0),
+                             v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], mode, border_rule,
+                             ctx->needs_input_grad(0),
                              ctx->needs_input_grad(1), ctx->needs_input_grad(2), has_mask && ctx->needs_input_grad(3),
                              has_bias && ctx->needs_input_grad(bias_index));
     // One entry per forward argument: the five tensors (undefined for an absent one), then the
-    // nine options (no gradient).
+    // ten options (no gradient).
     variable_list out = {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g), std::get<4>(g)};
-    out.resize(5 + 9);
+    out.resize(5 + 10);
     return out;
   }
 };
@@ -244,11 +258,12 @@ class DeformConv2dBackwardFunction : public ::torch::autograd::Function<DeformCo
                                const at::Tensor& weight, const at::Tensor& offset, const Optional<Tensor>& mask,
                                int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
-                               bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad, bool bias_grad) {
+                               Str border_rule, bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
+                               bool bias_grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     Grads5 g = call_backward(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w, dilation_h,
-                             dilation_w, groups, offset_groups, mode, input_grad, weight_grad, offset_grad, mask_grad,
-                             bias_grad);
+                             dilation_w, groups, offset_groups, mode, border_rule, input_grad, weight_grad,
+                             offset_grad, mask_grad, bias_grad);
     variable_list defined;
     for (const at::Tensor& t : {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g), std::get<4>(g)}) {
       if (t.defined()) defined.push_back(t);
@@ -265,23 +280,24 @@ at::Tensor deform_conv2d_autograd(const at::Tensor& input, const at::Tensor& wei
                                   const Optional<Tensor>& mask, const Optional<Tensor>& bias, int64_t stride_h,
                                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                   int64_t dilation_w, int64_t groups, int64_t offset_groups, bool use_mask,
-                                  Str mode) {
+                                  Str mode, Str border_rule) {
   // use_mask=True without a mask is a ValueError here already (the kernels below would say the same).
   const at::Tensor m = guarded([&] { return mask_used(kForward, mask, use_mask); });
   const at::Tensor b = value_or_undefined(bias);
   return DeformConv2dFunction::apply(input, weight, offset, as_optional(m), as_optional(b), stride_h, stride_w, pad_h,
-                                     pad_w, dilation_h, dilation_w, groups, offset_groups, mode)[0];
+                                     pad_w, dilation_h, dilation_w, groups, offset_groups, mode, border_rule)[0];
 }
 
 Grads5 deform_conv2d_backward_autograd(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
                                        const at::Tensor& offset, const Optional<Tensor>& mask, int64_t stride_h,
                                        int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                        int64_t dilation_w, int64_t groups, int64_t offset_groups, Str mode,
-                                       bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad,
-                                       bool bias_grad) {
+                                       Str border_rule, bool input_grad, bool weight_grad, bool offset_grad,
+                                       bool mask_grad, bool bias_grad) {
   auto r = DeformConv2dBackwardFunction::apply(
       grad_output, input, weight, offset, as_optional(value_or_undefined(mask)), stride_h, stride_w, pad_h, pad_w,
-      dilation_h, dilation_w, groups, offset_groups, mode, input_grad, weight_grad, offset_grad, mask_grad, bias_grad);
+      dilation_h, dilation_w, groups, offset_groups, mode, border_rule, input_grad, weight_grad, offset_grad,
+      mask_grad, bias_grad);
   size_t next = 0;
   auto take = [&](bool needed) { return needed ? r.at(next++) : at::Tensor(); };
   at::Tensor gi = take(input_grad);
@@ -303,15 +319,16 @@ namespace ops = detops::torch_ops;
 DETOPS_LIBRARY_FRAGMENT(m) {
   // Deformable convolution (v1; v2 with a mask): torchvision::deform_conv2d's schema and order
   // (groups and offset_groups are redundant with the shapes and must agree with them; mask and
-  // bias may also be None), then the backward mode. The backward op as grid_sample's: the
+  // bias may also be None), then the backward mode and the offset gradient's border rule
+  // ("torchvision", or "mmcv": also detectron2's). The backward op as grid_sample's: the
   // gradients asked for, None for the others (no bias argument: its gradient sums grad_output).
   m.def("deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor? mask, Tensor? bias, int stride_h, "
         "int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, int offset_groups, "
-        "bool use_mask, str backward_mode=\"exact\") -> Tensor");
+        "bool use_mask, str backward_mode=\"exact\", str border_rule=\"torchvision\") -> Tensor");
   m.def("_deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, Tensor offset, Tensor? mask, "
         "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int groups, "
-        "int offset_groups, str backward_mode, bool input_grad, bool weight_grad, bool offset_grad, bool mask_grad, "
-        "bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_offset, Tensor grad_mask, "
+        "int offset_groups, str backward_mode, str border_rule, bool input_grad, bool weight_grad, bool offset_grad, "
+        "bool mask_grad, bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_offset, Tensor grad_mask, "
         "Tensor grad_bias)");
 }
 

@@ -37,6 +37,7 @@ __all__ = [
     "ANGLE_UNITS",
     "EPILOGUES",
     "GATHER_BACKWARD_MODES",
+    "DEFORM_BORDER_RULES",
     "GRID_SAMPLE_MODES",
     "GRID_SAMPLE_PADDING_MODES",
     "roi_align",
@@ -60,6 +61,8 @@ ANGLE_UNITS = ("degrees", "radians")
 EPILOGUES = ("none", "relu", "add_relu")
 # grid_sample, ms_deform_attn and deform_conv2d have no truncated mode.
 GATHER_BACKWARD_MODES = ("exact", "atomic")
+# deform_conv2d's offset-gradient border rule: torchvision's, or mmcv's (also detectron2's)
+DEFORM_BORDER_RULES = ("torchvision", "mmcv")
 GRID_SAMPLE_MODES = ("bilinear", "nearest")
 GRID_SAMPLE_PADDING_MODES = ("zeros", "border", "reflection")
 
@@ -439,15 +442,16 @@ def _deform_conv2d(
     dilation: Tuple[int, int],
     mask: Optional[Tensor],
     backward_mode: str,
+    border_rule: str = "torchvision",
 ) -> Tensor:
     # All-positional form of deform_conv2d, for the modules (TorchScript 1.13 rejects keyword-only
-    # arguments with defaults). The op validates the rest, backward_mode included.
+    # arguments with defaults). The op validates the rest, backward_mode and border_rule included.
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
     groups, offset_groups = _deform_groups(input, offset, weight)
     return torch.ops.detops.deform_conv2d(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h,
-                                          dil_w, groups, offset_groups, mask is not None, backward_mode)
+                                          dil_w, groups, offset_groups, mask is not None, backward_mode, border_rule)
 
 
 def _autocast_args(tensors: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
@@ -483,13 +487,15 @@ def _deform_conv2d_autocast(
     dilation: Tuple[int, int],
     mask: Optional[Tensor],
     backward_mode: str,
+    border_rule: str = "torchvision",
 ) -> Tensor:
     # _deform_conv2d after _autocast_args: the eager path of the function and the modules (a
     # scripted module calls _deform_conv2d directly).
     input, offset, weight, bias, mask = _autocast_args([input, offset, weight, bias, mask])
     if eager():  # the op library's errors as detops' types
-        return run(_deform_conv2d, input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
-    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
+        return run(_deform_conv2d, input, offset, weight, bias, stride, padding, dilation, mask, backward_mode,
+                   border_rule)
+    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode, border_rule)
 
 
 @torch.fx.wrap
@@ -504,6 +510,7 @@ def deform_conv2d(
     mask: Optional[Tensor] = None,
     backward_mode: str = "exact",
     mode: Optional[str] = None,
+    border_rule: str = "torchvision",
 ) -> Tensor:
     """Deformable convolution, ``torchvision.ops.deform_conv2d``'s signature and semantics,
     computed by detops: DCNv1 without ``mask``, DCNv2 (modulated) with it.
@@ -521,6 +528,11 @@ def deform_conv2d(
             (the anchors' scatter of grad_input; not reproducible on GPUs, where it raises torch's
             nondeterminism alert). The forward and the other gradients are the same in both.
             (``mode``: its deprecated name.)
+        border_rule: the offset gradient of a sampling point at exactly -1 (row or column): the
+            one-sided derivative (``"torchvision"``, the default) or 0 (``"mmcv"``: mmcv's and
+            detectron2's kernels, which zero it unless ``-1 < y < H`` and ``-1 < x < W``). A fresh
+            mmcv DCN layer (zero offsets) with padding puts every border tap there, so its first
+            step differs; mmcv's stand-ins use ``"mmcv"``. Nothing else depends on it.
 
     All tensors share the input's dtype and device (under ``torch.autocast`` they are cast to the
     autocast dtype first, as for a convolution). 16-bit inputs run natively (float32 accumulation,
@@ -537,7 +549,8 @@ def deform_conv2d(
     if torch.jit.is_scripting():
         if mode is not None:
             backward_mode = mode
-        return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
+        return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode, border_rule)
     else:
         backward_mode = resolve_backward_mode("deform_conv2d", backward_mode, mode)
-        return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode)
+        return _deform_conv2d_autocast(input, offset, weight, bias, stride, padding, dilation, mask, backward_mode,
+                                       border_rule)

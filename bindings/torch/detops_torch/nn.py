@@ -808,13 +808,15 @@ class _MmcvDeformConv(nn.Module):
                  mode: Optional[str] = None):
         super().__init__()
         owner = type(self).__name__
-        # mmcv checks none of these or asserts them (a bad value fails in its kernel); here they
-        # fail where written.
+        # mmcv asserts these (or a bad value fails in its kernel); here they fail where written.
+        # in_channels % deform_groups is mmcv's forward's to refuse (a layer built with it loads
+        # and converts; see _deform).
         for name, channels, what, parts in (("in_channels", in_channels, "groups", groups),
-                                            ("out_channels", out_channels, "groups", groups),
-                                            ("in_channels", in_channels, "deform_groups", deform_groups)):
+                                            ("out_channels", out_channels, "groups", groups)):
             if parts <= 0 or channels % parts != 0:
                 raise ValueError(f"{owner}: {name} {channels} is not divisible by {what} {parts}")
+        if deform_groups <= 0:
+            raise ValueError(f"{owner}: deform_groups is {deform_groups}; expected a positive count")
         backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -824,6 +826,7 @@ class _MmcvDeformConv(nn.Module):
         self.dilation = _pair(dilation)
         self.groups = groups
         self.deform_groups = deform_groups
+        self._owner = owner  # for the forward's messages (TorchScript has no type(self))
         # mmcv keeps these for code that treats the layer as an nn.Conv2d.
         self.transposed = False
         self.output_padding = (0,)
@@ -839,6 +842,11 @@ class _MmcvDeformConv(nn.Module):
                          dilation=self.dilation, bias=True)
 
     def _deform(self, x: Tensor, offset: Tensor, bias: Optional[Tensor], mask: Optional[Tensor]) -> Tensor:
+        # mmcv builds a layer whose in_channels deform_groups does not divide and refuses it here
+        # (its DCNv1 with this message; its DCNv2 kernels read past the offsets instead).
+        if x.dim() >= 2 and x.size(1) % self.deform_groups != 0:
+            raise ValueError(self._owner + ": input channels must divide deformable group size: input has "
+                             + str(x.size(1)) + " channels, deform_groups is " + str(self.deform_groups))
         # mmcv casts the input, weight, bias and mask to the offset's dtype (16-bit under autocast,
         # where the offset conv's output is).
         x = x.type_as(offset)
@@ -847,7 +855,10 @@ class _MmcvDeformConv(nn.Module):
             bias = bias.type_as(x)
         if mask is not None:
             mask = mask.type_as(x)
-        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.backward_mode)
+        # mmcv's kernels zero the offset gradient of a sample at exactly -1 (torchvision's take
+        # the one-sided derivative): every border tap of a fresh layer with padding sits there.
+        return _deform_conv2d(x, offset, weight, bias, self.stride, self.padding, self.dilation, mask, self.backward_mode,
+                              "mmcv")
 
 
 class _MmcvDeformConv2d(_MmcvDeformConv):

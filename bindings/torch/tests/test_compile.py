@@ -102,7 +102,7 @@ class OpcheckTest(unittest.TestCase):
             elif name == "ms_deform_attn":
                 cases["_ms_deform_attn_backward"] = (ones, *args[:5], "exact", True, True, True)
             elif name == "deform_conv2d":
-                cases["_deform_conv2d_backward"] = (ones, *args[:4], *args[5:13], "exact", True, True, True, True,
+                cases["_deform_conv2d_backward"] = (ones, *args[:4], *args[5:13], "exact", "mmcv", True, True, True, True,
                                                     True)
         for name, args in cases.items():
             with self.subTest(op=name):

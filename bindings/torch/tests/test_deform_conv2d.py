@@ -169,7 +169,7 @@ class GradientTest(unittest.TestCase):
         results = (full[1], full[3], full[2], full[4], full[5])
         for which in range(5):
             flags = [i == which for i in range(5)]
-            got = op(grad, x, weight, offset, mask, 1, 1, 1, 1, 1, 1, 1, 1, "exact", *flags)
+            got = op(grad, x, weight, offset, mask, 1, 1, 1, 1, 1, 1, 1, 1, "exact", "torchvision", *flags)
             for i, g in enumerate(got):
                 if i == which:
                     assert_bitwise_equal(self, g, results[i], f"gradient {i} alone")
@@ -482,8 +482,8 @@ class ModulatedDeformConv2dPackTest(unittest.TestCase):
 
     def test_deprecated_keyword_torchscript_and_errors(self):
         _check_deprecated_keyword_and_script(self, detops_torch.ModulatedDeformConv2dPack)
-        with self.assertRaisesRegex(ValueError, "deform_groups 3"):
-            detops_torch.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=3)
+        with self.assertRaisesRegex(ValueError, "deform_groups is 0; expected a positive count"):
+            detops_torch.ModulatedDeformConv2dPack(4, 6, 3, deform_groups=0)
         with self.assertRaisesRegex(ValueError, "mode"):
             detops_torch.ModulatedDeformConv2dPack(4, 6, 3, backward_mode="fast")
 
@@ -557,8 +557,8 @@ class DeformConv2dPackTest(unittest.TestCase):
         _check_deprecated_keyword_and_script(self, detops_torch.DeformConv2dPack)
         with self.assertRaisesRegex(ValueError, r"DeformConv2dPack: bias=True is not supported"):
             detops_torch.DeformConv2dPack(4, 6, 3, bias=True)
-        with self.assertRaisesRegex(ValueError, "deform_groups 3"):
-            detops_torch.DeformConv2dPack(4, 6, 3, deform_groups=3)
+        with self.assertRaisesRegex(ValueError, "deform_groups is -1; expected a positive count"):
+            detops_torch.DeformConv2dPack(4, 6, 3, deform_groups=-1)
         with self.assertRaisesRegex(ValueError, "out_channels 6 is not divisible by groups 4"):
             detops_torch.DeformConv2dPack(4, 6, 3, groups=4)
         with self.assertRaisesRegex(ValueError, "mode"):
@@ -658,8 +658,7 @@ class MmcvPlainLayersTest(unittest.TestCase):
             self.assertGreater(float(g.abs().sum()), 0, name)
         with self.assertRaisesRegex(ValueError, "DeformConv2d: bias=True is not supported"):
             compat.DeformConv2d(4, 6, 3, bias=True)
-        with self.assertRaisesRegex(ValueError, "in_channels 4 is not divisible by deform_groups 3"):
-            compat.ModulatedDeformConv2d(4, 6, 3, deform_groups=3)
+        compat.ModulatedDeformConv2d(4, 6, 3, deform_groups=3)  # built as mmcv builds it; refused when run
 
 
 class MetaAndScriptTest(unittest.TestCase):
@@ -674,7 +673,7 @@ class MetaAndScriptTest(unittest.TestCase):
                                              1, 1, 1, 1, 2, 2, False)
         self.assertTrue(out.is_contiguous(memory_format=torch.channels_last))
         grads = torch.ops.detops._deform_conv2d_backward(torch.empty(2, 6, 5, 5, device="meta"), x, w, off, mask, 2,
-                                                         2, 1, 1, 1, 1, 2, 2, "exact", True, True, True, True, True)
+                                                         2, 1, 1, 1, 1, 2, 2, "exact", "mmcv", True, True, True, True, True)
         self.assertEqual([tuple(g.shape) for g in grads], [(2, 4, 9, 10), (6, 2, 3, 3), (2, 36, 5, 5),
                                                            (2, 18, 5, 5), (6,)])
         with self.assertRaisesRegex(ValueError, "mode"):
@@ -751,6 +750,125 @@ class MetaAndScriptTest(unittest.TestCase):
             assert_bitwise_equal(self, a, b, f"compiled {what}")
 
 
+class BorderRuleTest(unittest.TestCase):
+    """The offset gradient of a sample at exactly -1: torchvision's one-sided derivative, or 0 as
+    mmcv's and detectron2's kernels give (border_rule="mmcv", what mmcv's stand-ins use). A fresh
+    mmcv layer (zero offsets) with padding puts every border tap there."""
+
+    @staticmethod
+    def _fresh(seed, rule, mode="exact"):
+        x, offset, weight, bias, mask, grad = _case(seed, h=5, w=6)
+        offset = torch.zeros_like(offset).requires_grad_(True)
+        x, weight, bias, mask = (t.requires_grad_(True) for t in (x, weight, bias, mask))
+        out = detops_torch.deform_conv2d(x, offset, weight, bias, padding=1, mask=mask, backward_mode=mode,
+                                         border_rule=rule)
+        out.backward(grad)
+        return out, x.grad, offset.grad, weight.grad, mask.grad, bias.grad
+
+    @staticmethod
+    def _border(offset_grad, h=5, w=6):
+        """Which entries of a 3x3, padding-1 layer's offset gradient belong to taps outside the map
+        (row or column -1 or H / W), as a bool tensor shaped like it."""
+        taps = offset_grad.shape[1] // 2
+        ho = torch.arange(offset_grad.shape[2]).view(1, -1, 1)
+        wo = torch.arange(offset_grad.shape[3]).view(1, 1, -1)
+        t = torch.arange(taps).view(-1, 1, 1) % 9
+        y, x = ho - 1 + t // 3, wo - 1 + t % 3
+        out = (y <= -1) | (y >= h) | (x <= -1) | (x >= w)
+        return out.repeat_interleave(2, dim=0).unsqueeze(0).expand_as(offset_grad)
+
+    def test_mmcv_rule_zeroes_border_taps_only(self):
+        for mode in F.GATHER_BACKWARD_MODES:
+            with self.subTest(mode=mode):
+                tv = self._fresh(110, "torchvision", mode)
+                mm = self._fresh(110, "mmcv", mode)
+                for name, a, b in zip(NAMES, tv, mm):
+                    if name != "grad_offset":
+                        assert_bitwise_equal(self, b, a, name)
+                border = self._border(tv[2])
+                self.assertTrue(bool((mm[2][border] == 0).all()))
+                self.assertGreater(int((tv[2][border] != 0).sum()), border.sum().item() // 5)
+                assert_bitwise_equal(self, mm[2][~border], tv[2][~border], "grad_offset inside")
+
+    def test_torchvision_rule_is_the_default_and_matches_torchvision(self):
+        default = self._fresh(111, "torchvision")
+        x, offset, weight, bias, mask, grad = _case(111, h=5, w=6)
+        x2 = x.detach().requires_grad_(True)
+        plain = detops_torch.deform_conv2d(x2, torch.zeros_like(offset), weight, bias, padding=1, mask=mask)
+        assert_bitwise_equal(self, plain, default[0], "output")
+        if torchvision is not None:
+            off = torch.zeros_like(offset).requires_grad_(True)
+            tv_deform_conv2d(x, off, weight, bias, padding=1, mask=mask).backward(grad)
+            self.assertLessEqual(max_rel_error(default[2], off.grad), 1e-14)
+
+    def _pack_gradients(self, cls, reference):
+        """A fresh Pack (mmcv's zero offset conv) with padding: the offset conv's gradients against
+        autograd through the float64 mmcv reference (whose samples outside -1 < y < H,
+        -1 < x < W are exactly 0, mmcv's rule)."""
+        torch.manual_seed(112)
+        pack = cls(4, 6, 3, padding=1).double()
+        with torch.no_grad():
+            pack.weight.normal_()
+        x = torch.randn(2, 4, 5, 6, dtype=torch.float64, requires_grad=True)
+        pack(x).square().sum().backward()
+        got = [p.grad.clone() for p in pack.conv_offset.parameters()] + [x.grad.clone()]
+        for p in list(pack.parameters()) + [x]:
+            p.grad = None
+        reference(pack, x).square().sum().backward()
+        want = [p.grad for p in pack.conv_offset.parameters()] + [x.grad]
+        for g, w in zip(got, want):
+            self.assertLessEqual(max_rel_error(g, w), 1e-12)
+        self.assertGreater(pack.conv_offset.bias.grad.abs().max().item(), 0)
+        return got
+
+    def test_modulated_pack_follows_mmcv_rule(self):
+        self._pack_gradients(detops_torch.ModulatedDeformConv2dPack, _mmcv_pack_reference)
+
+    def test_dcn_v1_pack_follows_mmcv_rule(self):
+        def reference(pack, x):
+            offset = TF.conv2d(x, pack.conv_offset.weight, pack.conv_offset.bias, pack.stride, pack.padding,
+                               pack.dilation)
+            ones = torch.ones(x.shape[0], offset.shape[1] // 2, *offset.shape[2:], dtype=torch.float64)
+            return _mmcv_reference(x, offset, ones, pack.weight, None, pack.stride, pack.padding, pack.dilation,
+                                   pack.groups, pack.deform_groups)
+        self._pack_gradients(detops_torch.DeformConv2dPack, reference)
+
+    def test_compat_layers_follow_mmcv_rule(self):
+        x, offset, weight, bias, mask, grad = _case(113, h=5, w=6)
+        zero = torch.zeros_like(offset)
+        for layer, args in ((compat.ModulatedDeformConv2d(4, 6, 3, padding=1), (mask,)),
+                            (compat.DeformConv2d(4, 6, 3, padding=1), ())):
+            with self.subTest(layer=type(layer).__name__):
+                layer = layer.double()
+                off = zero.clone().requires_grad_(True)
+                layer(x, off, *args).backward(grad)
+                border = self._border(off.grad)
+                self.assertTrue(bool((off.grad[border] == 0).all()))
+                ref = zero.clone().requires_grad_(True)
+                layer_bias = getattr(layer, "bias", None)
+                detops_torch.deform_conv2d(x, ref, layer.weight, layer_bias, padding=1, mask=args[0] if args else None,
+                                           border_rule="mmcv").backward(grad)
+                assert_bitwise_equal(self, off.grad, ref.grad, "grad_offset")
+
+    def test_torchvision_module_keeps_torchvision_rule(self):
+        x, offset, weight, bias, mask, grad = _case(114, h=5, w=6)
+        m = detops_torch.DeformConv2d(4, 6, 3, padding=1).double()
+        off = torch.zeros_like(offset).requires_grad_(True)
+        m(x, off, mask).backward(grad)
+        self.assertGreater(int((off.grad[self._border(off.grad)] != 0).sum()), 0)
+
+    def test_mmcv_layers_refuse_indivisible_deform_groups_in_the_forward(self):
+        # mmcv builds (and loads) such a layer and refuses it when run.
+        for cls, args in ((detops_torch.DeformConv2dPack, ()), (detops_torch.ModulatedDeformConv2dPack, ()),
+                          (compat.DeformConv2d, ("offset",)), (compat.ModulatedDeformConv2d, ("offset", "mask"))):
+            with self.subTest(cls=cls.__name__):
+                layer = cls(6, 4, 3, padding=1, deform_groups=4)
+                x = torch.randn(1, 6, 5, 5)
+                extra = {"offset": torch.zeros(1, 2 * 4 * 9, 5, 5), "mask": torch.ones(1, 4 * 9, 5, 5)}
+                with self.assertRaisesRegex(ValueError, "input channels must divide deformable group size"):
+                    layer(x, *(extra[a] for a in args))
+
+
 class BadInputTest(unittest.TestCase):
     def _raises(self, pattern, fn, *tensors):
         assert_raises_untouched(self, pattern, fn, *tensors)
@@ -776,6 +894,8 @@ class BadInputTest(unittest.TestCase):
             ("no output position", lambda: dc(x[:, :, :1], offset, weight, bias)),
             ("mode.*'truncated'", lambda: dc(x, offset, weight, bias, padding=1, backward_mode="truncated")),
             ("mode.*'Exact'", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True, "Exact")),
+            ("border_rule is 'detectron2'; expected one of 'torchvision', 'mmcv'",
+             lambda: dc(x, offset, weight, bias, padding=1, border_rule="detectron2")),
             ("groups is 2", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 2, 1, True)),
             ("offset_groups is 2", lambda: op(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 2, True)),
             ("use_mask is True but mask is None", lambda: op(x, weight, offset, None, bias, 1, 1, 1, 1, 1, 1, 1, 1,

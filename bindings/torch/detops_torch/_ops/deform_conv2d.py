@@ -3,7 +3,7 @@ import torch
 
 from .. import _registry as r
 from .._errors import DetopsError
-from ..functional import GATHER_BACKWARD_MODES
+from ..functional import DEFORM_BORDER_RULES, GATHER_BACKWARD_MODES
 
 
 def mask_used(op, mask, use_mask):
@@ -41,10 +41,11 @@ def output_sizes(op, input, weight, offset, mask, stride, padding, dilation):
 
 @r.fake("deform_conv2d")
 def _(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-      offset_groups, use_mask, backward_mode="exact"):
+      offset_groups, use_mask, backward_mode="exact", border_rule="torchvision"):
     op = "detops::deform_conv2d"
     r.require_meta_or_fake(op, input=input, weight=weight, offset=offset, mask=mask, bias=bias)
     r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+    r.check_choice(op, "border_rule", border_rule, DEFORM_BORDER_RULES)
     m = mask_used(op, mask, use_mask)
     sizes = output_sizes(op, input, weight, offset, m, (stride_h, stride_w), (pad_h, pad_w), (dilation_h, dilation_w))
     return r.new_empty(input, sizes, channels_last=r.channels_last(input))
@@ -52,10 +53,11 @@ def _(input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilat
 
 @r.fake("_deform_conv2d_backward")
 def _(grad_output, input, weight, offset, mask, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups,
-      offset_groups, backward_mode, input_grad, weight_grad, offset_grad, mask_grad, bias_grad):
+      offset_groups, backward_mode, border_rule, input_grad, weight_grad, offset_grad, mask_grad, bias_grad):
     op = "detops::_deform_conv2d_backward"
     r.require_meta_or_fake(op, grad_output=grad_output, input=input, weight=weight, offset=offset, mask=mask)
     r.check_choice(op, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+    r.check_choice(op, "border_rule", border_rule, DEFORM_BORDER_RULES)
     r.require_dim(op, "grad_output", grad_output, 4, "[N, Cout, Ho, Wo]")
     output_sizes(op, input, weight, offset, mask, (stride_h, stride_w), (pad_h, pad_w), (dilation_h, dilation_w))
     if mask_grad and mask is None:
@@ -70,7 +72,8 @@ def _setup(ctx, inputs, output):
     input, weight, offset, mask, bias = inputs[:5]
     m = mask_used("detops::deform_conv2d", mask, inputs[13])
     ctx.save_for_backward(input, weight, offset, m)
-    r.saved(ctx, options=tuple(inputs[5:13]), backward_mode=inputs[14], has_bias=bias is not None)
+    r.saved(ctx, options=tuple(inputs[5:13]), backward_mode=inputs[14], border_rule=inputs[15],
+            has_bias=bias is not None)
 
 
 def _backward(ctx, needs, grad):
@@ -78,9 +81,9 @@ def _backward(ctx, needs, grad):
     if ctx.backward_mode == "atomic" and needs[0] and grad.is_cuda:
         r.alert_not_deterministic("detops::deform_conv2d backward with backward_mode='atomic' on CUDA")
     grads = torch.ops.detops._deform_conv2d_backward(
-        grad, input, weight, offset, mask, *ctx.options, ctx.backward_mode, needs[0], needs[1], needs[2],
-        mask is not None and needs[3], ctx.has_bias and needs[4])
-    return tuple(grads) + (None,) * 10
+        grad, input, weight, offset, mask, *ctx.options, ctx.backward_mode, ctx.border_rule, needs[0], needs[1],
+        needs[2], mask is not None and needs[3], ctx.has_bias and needs[4])
+    return tuple(grads) + (None,) * 11
 
 
 r.autograd("deform_conv2d", _setup, _backward)
