@@ -253,15 +253,38 @@ TEST(DeformConv2d, EmptyProblemsSucceed) {
   }
 }
 
-TEST(DeformConv2d, NonFiniteOffsetsSampleNothing) {
+// A NaN offset shows, as in torchvision: its sample is NaN, so the output at that position (every
+// output channel of its groups), grad_mask, grad_weight and both of its grad_offset entries are
+// NaN; grad_input gets nothing from it. An infinite offset samples nothing (0), as torchvision's.
+TEST(DeformConv2d, NanOffsetsPropagateAndInfinitiesSampleNothing) {
   DeformConv2dProblem p = test::make_deform_problem(test::deform_configs()[0], 41);
-  p.offset[0] = std::nan("");
-  p.offset[3] = INFINITY;
-  p.offset[8] = -INFINITY;
-  const DeformConv2dRun r = test::run_deform_conv2d(p, DType::kFloat32, Layout::kNCHW, BackwardMode::kExact, 2);
-  for (double v : to_vector(r.output)) EXPECT_TRUE(std::isfinite(v));
-  for (double v : to_vector(r.grad_input)) EXPECT_TRUE(std::isfinite(v));
-  for (double v : to_vector(r.grad_offset)) EXPECT_TRUE(std::isfinite(v));
+  ASSERT_EQ(p.offset_groups, 1);
+  ASSERT_FALSE(p.has_mask);
+  const std::int64_t Ho = p.Ho(), Wo = p.Wo(), plane = Ho * Wo;
+  p.offset[0] = std::nan("");  // image 0, tap 0's y, position (0, 0)
+  p.offset[3] = INFINITY;      // image 0, tap 0's y, position (0, 3)
+  p.offset[static_cast<std::size_t>(plane + 8)] = -INFINITY;  // tap 0's x, position (1, 1)
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kBFloat16}) {
+    for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
+      const std::string what = std::string(dtype_name(dt)) + " " + to_string(mode);
+      const DeformConv2dRun r = test::run_deform_conv2d(p, dt, Layout::kNCHW, mode, 2);
+      const std::vector<double> out = to_vector(r.output), go = to_vector(r.grad_offset);
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        const bool at_nan = i % static_cast<std::size_t>(plane) == 0 && i < static_cast<std::size_t>(p.Cout * plane);
+        EXPECT_EQ(std::isnan(out[i]), at_nan) << what << " output " << i;
+        if (!at_nan) EXPECT_TRUE(std::isfinite(out[i])) << what << " output " << i;
+      }
+      for (std::size_t i = 0; i < go.size(); ++i) {
+        const bool at_nan = i == 0 || i == static_cast<std::size_t>(plane);  // tap 0's y and x at (0, 0)
+        EXPECT_EQ(std::isnan(go[i]), at_nan) << what << " grad_offset " << i;
+      }
+      for (double v : to_vector(r.grad_input)) EXPECT_TRUE(std::isfinite(v)) << what;
+      const std::vector<double> gw = to_vector(r.grad_weight);  // tap (0, 0) of every weight sums the sample
+      for (std::size_t i = 0; i < gw.size(); ++i)
+        EXPECT_EQ(std::isnan(gw[i]), i % static_cast<std::size_t>(p.kh * p.kw) == 0) << what << " grad_weight " << i;
+      for (double v : to_vector(r.grad_bias)) EXPECT_TRUE(std::isfinite(v)) << what;
+    }
+  }
 }
 
 // A fresh mmcv DCN layer (zero offsets, padding 1): every border tap sits exactly on row or

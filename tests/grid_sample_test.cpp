@@ -1,7 +1,7 @@
 // grid_sample on the CPU: every interpolation x padding x align_corners x dtype against the
 // float64 reference (forward, grad_input in both modes, grad_grid), bitwise reproducibility of the
 // exact mode (runs, 1/2/3/8 threads, NCHW vs NHWC, chunked images), atomic against exact, the
-// caller's workspace, NaN grids, empty problems, and the bad-input matrix with poisoned outputs.
+// caller's workspace, non-finite grids, empty problems, and the bad-input matrix with poisoned outputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "detops/detail/gather_backward.h"
@@ -156,16 +157,40 @@ TEST(GridSample, CallerWorkspaceGivesTheSameBits) {
   EXPECT_EQ(grid_sample_backward_workspace_size(t.grad_output, t.input, t.grid, gi, {}, p.opt, b), 0u);
 }
 
-TEST(GridSample, NanCoordinatesSampleNothing) {
+// Non-finite coordinates as PyTorch's CPU kernel treats them: border and reflection padding clip
+// NaN to 0 (and infinities to their edge, or to 0 after reflection makes NaN of them), so the
+// point samples an edge pixel; zeros padding keeps them: nearest samples nothing (0), bilinear
+// reads no pixel but weighs with NaN fractions, so its sample is NaN, and grad_grid NaN along
+// the other axis' derivative. grad_input never gets anything non-finite. The float64 reference
+// states the same; every element is checked against it (NaN where it has NaN).
+TEST(GridSample, NonFiniteCoordinatesFollowPyTorch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const GridSampleOptions& o : test::all_grid_options()) {
-    GridSampleProblem p = test::make_grid_problem(1, 2, 4, 4, 1, 3, o, 400);
-    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-    p.grid = {nan, 0.25, 0.5, nan, o.padding == GridSamplePadding::kBorder ? nan : inf, 0.0};
-    for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
-      const GridSampleRun r = test::run_grid_sample(p, DType::kFloat32, DType::kFloat32, Layout::kNCHW, mode, 1);
-      for (double v : to_vector(r.output)) EXPECT_EQ(v, 0.0) << name(o, DType::kFloat32, DType::kFloat32, mode);
-      for (double v : to_vector(r.grad_input)) EXPECT_EQ(v, 0.0);
-      for (double v : to_vector(r.grad_grid)) EXPECT_EQ(v, 0.0);
+    GridSampleProblem p = test::make_grid_problem(1, 2, 4, 4, 1, 4, o, 400);
+    p.grid = {nan, 0.25, 0.5, nan, inf, 0.0, -0.75, -inf};
+    const test::GridSampleResult ref = test::grid_sample_reference(p);
+    const bool zeros_bilinear = o.padding == GridSamplePadding::kZeros &&
+                                o.interpolation == GridSampleInterpolation::kBilinear;
+    for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+      for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
+        const std::string what = name(o, dt, dt, mode);
+        const GridSampleRun r = test::run_grid_sample(p, dt, dt, Layout::kNCHW, mode, 2);
+        for (const auto& [got, want, n] : {std::tuple{to_vector(r.output), ref.output, "output"},
+                                           std::tuple{to_vector(r.grad_input), ref.grad_input, "grad_input"},
+                                           std::tuple{to_vector(r.grad_grid), ref.grad_grid, "grad_grid"}}) {
+          ASSERT_EQ(got.size(), want.size());
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (std::isnan(want[i])) {
+              EXPECT_TRUE(std::isnan(got[i])) << what << " " << n << " " << i;
+            } else {
+              EXPECT_TRUE(std::isfinite(got[i])) << what << " " << n << " " << i;
+              EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << what << " " << n << " " << i;
+            }
+          }
+        }
+        // the cases that matter, spelled out: zeros + bilinear shows every non-finite point
+        for (double v : to_vector(r.output)) EXPECT_EQ(std::isnan(v), zeros_bilinear) << what;
+      }
     }
   }
 }

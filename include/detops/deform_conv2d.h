@@ -24,8 +24,13 @@
 //     y = ho * stride_h - pad_h + i * dilation_h + offset[n, 2 t, ho, wo]
 //     x = wo * stride_w - pad_w + j * dilation_w + offset[n, 2 t + 1, ho, wo]
 //     t = g * kh * kw + i * kw + j (g = c's offset group), m = mask[n, t, ho, wo] (1 without mask)
-//     bilinear: 0 when y <= -1, y >= H, x <= -1 or x >= W; else the four corners floor(y),
-//     floor(y) + 1 (and x), a corner outside the map reading 0.
+//     bilinear: 0 when y <= -1, y >= H, x <= -1 or x >= W (an infinite offset included); else
+//     the four corners floor(y), floor(y) + 1 (and x), a corner outside the map reading 0. A NaN
+//     coordinate gives a NaN sample and NaN coordinate derivatives (so NaN in the output at
+//     that position, grad_weight, grad_mask and that sample's grad_offset; nothing in
+//     grad_input). torchvision's kernels cast floor(NaN) to an integer (undefined): they return
+//     NaN or read out of bounds (a crash, seen with torchvision 0.14 and 0.29 on the CPU); NaN
+//     is what their weights make of it.
 //   output[n, o, ho, wo] = bias[o] + sum over (c, i, j) of o's group of
 //     weight[o, c, i, j] * sample(n, c, i, j, ho, wo)
 //   grad_offset and grad_mask: torchvision's derivatives (a coordinate on a pixel row or column

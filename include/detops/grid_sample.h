@@ -23,8 +23,13 @@
 //     corner outside the map contributes nothing (zeros padding); after border/reflection two
 //     corners may be the same pixel: they stay distinct contributions.
 //   nearest: the pixel nearbyint(x), nearbyint(y) (round half to even), 0 outside the map.
-//   A NaN (or infinite, after padding) coordinate samples nothing: its output is 0 and its
-//   gradients are 0 (PyTorch's result for it depends on the padding mode and the CPU).
+//   Non-finite coordinates as PyTorch's CPU kernel (its forward, and grad_grid where its
+//   backward runs): border and reflection clip NaN to 0 and infinities to their edge (to 0 after
+//   reflection, which makes NaN of them), so the point samples an edge pixel; under zeros padding
+//   nearest samples nothing (0, gradients 0), and bilinear reads no pixel but weighs with NaN
+//   fractions, so its output is NaN and grad_grid NaN along the axis weighed by the non-finite
+//   coordinate's fraction (the other component 0); grad_input gets nothing from it. (PyTorch's
+//   CUDA kernel and its bilinear border/reflection backward differ or fail there.)
 //   grad_grid: d(loss)/d(grid), one writer per grid point, summed over channels in order; for
 //   nearest it is 0 (as PyTorch).
 //   The operations and their order are those of PyTorch's CPU kernel, fused multiply-adds included

@@ -67,6 +67,7 @@ namespace ref {
 
 /// torchvision's forward bilinear sample of an H x W plane at (y, x).
 inline double deform_bilinear(const double* plane, std::int64_t H, std::int64_t W, double y, double x) {
+  if (std::isnan(y) || std::isnan(x)) return std::nan("");  // torchvision's weights make NaN of it
   if (y <= -1 || y >= static_cast<double>(H) || x <= -1 || x >= static_cast<double>(W)) return 0.0;
   const double fy = std::floor(y), fx = std::floor(x);
   const auto y0 = static_cast<std::int64_t>(fy), x0 = static_cast<std::int64_t>(fx);
@@ -81,6 +82,7 @@ inline double deform_bilinear(const double* plane, std::int64_t H, std::int64_t 
 /// floor, floor + 1 with those outside the map reading 0, and no early return (see the top).
 inline double deform_coordinate_weight(const double* plane, std::int64_t H, std::int64_t W, double y, double x,
                                        bool y_direction) {
+  if (std::isnan(y) || std::isnan(x)) return std::nan("");
   const double fy = std::floor(y), fx = std::floor(x);
   // Validity is decided on the doubles, so a far-away coordinate never overflows an integer.
   auto at = [&](double yy, double xx) {
@@ -202,7 +204,8 @@ inline DeformConv2dResult deform_conv2d(const DeformConv2dProblem& p) {
                     r.grad_input[sz((n * C + c) * H * W + yp * W + xp)] += s.m * ((1 - dy) * (1 - dx)) * gc;
                   }
               }
-              const bool coord = p.border_rule == DeformBorderRule::kTorchvision ||
+              const bool coord = p.border_rule == DeformBorderRule::kTorchvision || std::isnan(s.y) ||
+                                 std::isnan(s.x) ||
                                  (s.y > -1 && s.y < static_cast<double>(H) && s.x > -1 && s.x < static_cast<double>(W));
               if (coord) {
                 r.grad_offset[off_at(n, 2 * s.t, ho, wo)] +=

@@ -40,11 +40,12 @@ inline void source_coord(double g, std::int64_t size, const GridSampleOptions& o
       return;
     }
     const double span = hi - lo;
+    if (!std::isfinite(*x)) *x = std::nan("");  // reflecting an infinity gives NaN (fmod), clipped below
     double d = *x - lo;
     double sign = 1;
     if (d < 0) d = -d, sign = -1;
     const double extra = std::fmod(d, span);
-    const auto flips = static_cast<std::int64_t>(std::floor(d / span));
+    const auto flips = std::isnan(d) ? std::int64_t{0} : static_cast<std::int64_t>(std::floor(d / span));
     if (flips % 2 == 0) {
       *x = lo + extra;
     } else {
@@ -53,7 +54,7 @@ inline void source_coord(double g, std::int64_t size, const GridSampleOptions& o
     }
     *dx *= sign;
   }
-  if (*x <= 0) {
+  if (!(*x > 0)) {  // NaN clips to 0, as PyTorch's clip_coordinates
     *x = 0;
     *dx = 0;
   } else if (*x >= size - 1) {
@@ -87,7 +88,18 @@ inline GridSampleResult grid_sample_reference(const GridSampleProblem& p) {
         double x, dxm, y, dym;
         ref::source_coord(p.grid[gp], W, p.opt, &x, &dxm);
         ref::source_coord(p.grid[gp + 1], H, p.opt, &y, &dym);
-        if (!std::isfinite(x) || !std::isfinite(y)) continue;  // samples nothing
+        if (!std::isfinite(x) || !std::isfinite(y)) {
+          // (zeros padding) nearest samples nothing; bilinear reads no pixel but weighs the zeros
+          // with NaN fractions: a NaN sample, and grad_grid NaN along the axis whose weights use
+          // the non-finite coordinate's fraction (x's derivative weighs by y's, and y's by x's)
+          if (p.opt.interpolation == GridSampleInterpolation::kNearest) continue;
+          for (std::int64_t c = 0; c < C; ++c) r.output[static_cast<std::size_t>(((n * C + c) * Ho + ho) * Wo + wo)] = std::nan("");
+          if (backward && C > 0) {
+            r.grad_grid[gp] = std::isfinite(y) ? 0.0 : std::nan("");
+            r.grad_grid[gp + 1] = std::isfinite(x) ? 0.0 : std::nan("");
+          }
+          continue;
+        }
         double gx = 0, gy = 0;
         for (std::int64_t c = 0; c < C; ++c) {
           const std::size_t o = static_cast<std::size_t>(((n * C + c) * Ho + ho) * Wo + wo);

@@ -750,6 +750,35 @@ class MetaAndScriptTest(unittest.TestCase):
             assert_bitwise_equal(self, a, b, f"compiled {what}")
 
 
+class NonFiniteOffsetTest(unittest.TestCase):
+    def test_nan_offset_shows_and_infinity_samples_nothing(self):
+        # A NaN offset makes its sample NaN: the output at that position (every output channel),
+        # grad_weight at that tap, grad_mask and both grad_offset entries of that sample; nothing
+        # reaches grad_input. (torchvision's kernels cast floor(NaN) to an integer, undefined:
+        # they return NaN, or crash, depending on the other coordinate.) An infinite offset
+        # samples nothing, as torchvision's.
+        x, offset, weight, bias, mask, grad = _case(120, n=1, h=5, w=6)
+        offset[0, 0, 1, 1] = float("nan")  # tap 0's y at position (1, 1)
+        offset[0, 5, 2, 3] = float("inf")  # tap 2's x at (2, 3)
+        offset[0, 6, 3, 3] = -float("inf")  # tap 3's y at (3, 3)
+        for mode in F.GATHER_BACKWARD_MODES:
+            with self.subTest(mode=mode):
+                out, gi, goff, gw, gm, gb = _run(_detops(mode=mode), x, offset, weight, bias, mask, grad)
+                nan_out = torch.zeros_like(out, dtype=torch.bool)
+                nan_out[:, :, 1, 1] = True
+                self.assertTrue(torch.equal(out.isnan(), nan_out))
+                self.assertTrue(bool(gi.isfinite().all()) and bool(gb.isfinite().all()))
+                nan_off = torch.zeros_like(goff, dtype=torch.bool)
+                nan_off[0, 0:2, 1, 1] = True
+                self.assertTrue(torch.equal(goff.isnan(), nan_off))
+                nan_mask = torch.zeros_like(gm, dtype=torch.bool)
+                nan_mask[0, 0, 1, 1] = True
+                self.assertTrue(torch.equal(gm.isnan(), nan_mask))
+                nan_w = torch.zeros_like(gw, dtype=torch.bool)
+                nan_w[:, :, 0, 0] = True
+                self.assertTrue(torch.equal(gw.isnan(), nan_w))
+
+
 class BorderRuleTest(unittest.TestCase):
     """The offset gradient of a sample at exactly -1: torchvision's one-sided derivative, or 0 as
     mmcv's and detectron2's kernels give (border_rule="mmcv", what mmcv's stand-ins use). A fresh

@@ -62,6 +62,32 @@ class TorchParityTest(unittest.TestCase):
         _, _, grad_grid = _run(_detops(("nearest", "zeros", False)), x, grid, torch.ones(2, 3, 5, 6, dtype=x.dtype))
         self.assertEqual(tensor_bytes(grad_grid), tensor_bytes(torch.zeros_like(grad_grid)))
 
+    def test_non_finite_coordinates_as_torch(self):
+        # NaN and infinite grid values as torch's CPU kernel treats them: border and reflection
+        # sample an edge pixel, zeros padding gives 0 (nearest) or NaN (bilinear). torch's own
+        # backward crashes on such grids under bilinear border/reflection, so there only the
+        # forward is compared (and detops' gradients are checked finite).
+        nan, inf = float("nan"), float("inf")
+        grid = torch.tensor([[[[nan, 0.25], [0.5, nan], [inf, 0.0], [-0.75, -inf], [-inf, 0.3]]]],
+                            dtype=torch.float64)
+        x = torch.randn(1, 3, 4, 5, dtype=torch.float64)
+        g = torch.randn(1, 3, 1, 5, dtype=torch.float64)
+        for cfg in CONFIGS:
+            mode, padding, _ = cfg
+            with self.subTest(cfg=cfg):
+                ours = _run(_detops(cfg), x, grid, g)
+                torch_backward = mode == "nearest" or padding == "zeros"
+                if torch_backward:
+                    ref = _run(_torch(cfg), x, grid, g)
+                else:
+                    ref = (_torch(cfg)(x, grid),)
+                    for name, t in zip(("grad_input", "grad_grid"), ours[1:]):
+                        self.assertTrue(bool(torch.isfinite(t).all()), name)
+                for name, a, b in zip(("output", "grad_input", "grad_grid"), ours, ref):
+                    self.assertTrue(torch.equal(a.isnan(), b.isnan()), f"{name}: NaN at {a.isnan()} vs {b.isnan()}")
+                    self.assertLessEqual(max_rel_error(a.nan_to_num(), b.nan_to_num()), 4e-15, name)
+                self.assertEqual(bool(ours[0].isnan().any()), cfg[:2] == ("bilinear", "zeros"))
+
     def test_float32_and_16bit_close(self):
         cfg = ("bilinear", "border", False)
         for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)):

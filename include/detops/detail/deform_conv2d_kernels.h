@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "detops/detail/gather_backward.h"
 #include "detops/detail/host_device.h"
@@ -56,8 +57,10 @@ struct DeformCoord {
 /// ly = y - y0, lx = x - x0, and whether each corner (y0x0, y0x1, y1x0, y1x1) is on the map.
 /// `inside`: torchvision's bilinear_interpolate samples (-1 < y < H and -1 < x < W); outside it
 /// the sample is 0 but the coordinate derivative still reads the corners on the map, as
-/// torchvision's get_coordinate_weight. A coordinate that is not finite, or further than one
-/// pixel outside, has no corner at all.
+/// torchvision's get_coordinate_weight. A coordinate that is infinite, or further than one
+/// pixel outside, has no corner at all. A NaN coordinate (`nan`) has no corner either, but its
+/// sample and coordinate derivatives are NaN, as torchvision's CPU kernel gives (its floor of
+/// NaN is undefined; NaN is what its weights make of it): a NaN offset shows in the output.
 template <class A>
 struct DeformCorners {
   std::int64_t y0, x0;
@@ -65,11 +68,13 @@ struct DeformCorners {
   bool valid[4];
   bool inside;
   bool any;
+  bool nan;
 };
 
 template <class A>
 DETOPS_HOST_DEVICE inline DeformCorners<A> deform_corners(A y, A x, std::int64_t H, std::int64_t W) {
   DeformCorners<A> c{};
+  c.nan = !(y == y) || !(x == x);
   c.any = y > A(-2) && y < A(H + 1) && x > A(-2) && x < A(W + 1);  // false for NaN
   if (!c.any) return c;
   c.inside = y > A(-1) && y < A(H) && x > A(-1) && x < A(W);
@@ -97,17 +102,23 @@ DETOPS_HOST_DEVICE inline void deform_corner_values(const DeformCorners<A>& c, c
 }
 
 /// torchvision's bilinear_interpolate from the corner values: hy * hx * v00 + hy * lx * v01 +
-/// ly * hx * v10 + ly * lx * v11, left to right; 0 outside.
+/// ly * hx * v10 + ly * lx * v11, left to right; 0 outside; NaN at a NaN coordinate.
 template <class A>
 DETOPS_HOST_DEVICE inline A deform_bilinear(const DeformCorners<A>& c, const A v[4]) {
+  if (c.nan) return std::numeric_limits<A>::quiet_NaN();
   if (!c.inside) return A(0);
   const A hy = A(1) - c.ly, hx = A(1) - c.lx;
   return hy * hx * v[0] + hy * c.lx * v[1] + c.ly * hx * v[2] + c.ly * c.lx * v[3];
 }
 
-/// torchvision's get_coordinate_weight: d(bilinear)/dy and d(bilinear)/dx from the corners.
+/// torchvision's get_coordinate_weight: d(bilinear)/dy and d(bilinear)/dx from the corners
+/// (both NaN at a NaN coordinate).
 template <class A>
 DETOPS_HOST_DEVICE inline void deform_coordinate_weights(const DeformCorners<A>& c, const A v[4], A* wy, A* wx) {
+  if (c.nan) {
+    *wy = *wx = std::numeric_limits<A>::quiet_NaN();
+    return;
+  }
   *wy = c.lx * (v[3] - v[1]) + (A(1) - c.lx) * (v[2] - v[0]);
   *wx = c.ly * (v[3] - v[2]) + (A(1) - c.ly) * (v[1] - v[0]);
 }
@@ -275,8 +286,8 @@ struct DeformConv2dBackwardArgs {
 /// [0, images * og * taps * P), p fastest. Sums over the group's channels c in order:
 ///   gy = gy + (m * wy_c) * gc, gx likewise, gm = gm + gc * bilinear_c
 /// with gc = grad_columns[c * taps + tap, q] (torchvision's expressions); under mmcv's border rule
-/// (a.coord_grad_inside_only) gy and gx stay 0 for a point outside -1 < y < H, -1 < x < W. Either
-/// output may be null (not wanted).
+/// (a.coord_grad_inside_only) gy and gx stay 0 for a point outside -1 < y < H, -1 < x < W. A NaN
+/// coordinate makes all three NaN. Either output may be null (not wanted).
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
                                                             T* grad_offset, const Strides4& gos, T* grad_mask,
@@ -290,8 +301,8 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_offset_element(std::int64_t t, cons
   const DeformCorners<A> k = deform_corners(pt.y, pt.x, s.H, s.W);
   A gy = A(0), gx = A(0), gm = A(0);
   const std::int64_t cg = s.offset_group_channels();
-  const bool coord = !a.coord_grad_inside_only || k.inside;
-  if (k.any) {
+  const bool coord = !a.coord_grad_inside_only || k.inside || k.nan;
+  if (k.any || k.nan) {
     for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c) {
       A v[4];
       deform_corner_values(k, a.f.input + n * a.f.in.s0 + c * a.f.in.s1, a.f.in.s2, a.f.in.s3, v);

@@ -95,10 +95,12 @@ struct GridCoord {
 };
 
 /// Clips to [0, size - 1]; the derivative is 0 on and beyond the bounds (PyTorch's convention:
-/// the borders count as out of bounds). NaN stays NaN (it then samples nothing).
+/// the borders count as out of bounds). NaN clips to 0, as PyTorch's CPU and CUDA kernels do (so
+/// under border and reflection padding a NaN coordinate samples the edge pixel; infinities clip
+/// to their edge, and reflection makes NaN of them first, so they too sample at 0).
 template <class A>
 DETOPS_HOST_DEVICE inline GridCoord<A> grid_clip(A v, const GridAxis<A>& a) {
-  if (v <= A(0)) return {A(0), A(0)};
+  if (!(v > A(0))) return {A(0), A(0)};
   if (v >= a.max_val) return {a.max_val, A(0)};
   return {v, A(1)};
 }
@@ -146,7 +148,11 @@ DETOPS_HOST_DEVICE inline std::int64_t grid_floor_index(A v0, std::int64_t size)
 
 /// Everything one grid point needs: the up to four corner pixels (nw, ne, sw, se; nearest uses
 /// corner 0 only) with validity and weight, the distances for grad_grid, and its multipliers.
-/// `count` is 0 when the point samples nothing (a NaN or infinite coordinate after padding).
+/// `count` is 0 when a nearest point samples nothing (a NaN or infinite coordinate after
+/// padding: only zeros padding keeps one). A bilinear point with such a coordinate is PyTorch's
+/// CPU kernel's: no corner on the map, but weights and distances NaN (floor and fraction of a
+/// non-finite value), so its sample is NaN (0 * NaN), its grad_grid NaN along the axis whose
+/// weights are (and the other component 0), and grad_input gets nothing from it.
 template <class A>
 struct GridPoint {
   int count;                 // 0 (nothing), 1 (nearest) or 4 (bilinear)
@@ -164,11 +170,11 @@ DETOPS_HOST_DEVICE inline GridPoint<A> grid_point(const GridCoord<A>& x, const G
   GridPoint<A> p{};
   p.gx_mult = x.mult;
   p.gy_mult = y.mult;
-  if (!grid_finite(x.value) || !grid_finite(y.value)) {
-    p.count = 0;
-    return p;
-  }
   if (nearest) {
+    if (!grid_finite(x.value) || !grid_finite(y.value)) {
+      p.count = 0;
+      return p;
+    }
     const A xr = nearbyint_(x.value), yr = nearbyint_(y.value);
     p.count = 1;
     p.ix[0] = grid_floor_index(xr, W);
