@@ -11,6 +11,27 @@ else()
   set(_detops_cuda_mode OFF)
 endif()
 
+# A pip build (scikit-build-core sets SKBUILD) serves the torch it is built against: with AUTO, a
+# torch without CUDA gets the CPU backend only, even where nvcc is installed (the CUDA backend
+# would cost a long build and a _C.so that needs libcudart, for kernels such a torch never calls).
+# -C cmake.define.DETOPS_CUDA=ON builds them anyway.
+if(SKBUILD AND _detops_cuda_mode STREQUAL "AUTO")
+  set(_detops_skbuild_torch_cuda "")
+  foreach(_py IN ITEMS ${Python_EXECUTABLE} ${Python3_EXECUTABLE} ${DETOPS_TORCH_PYTHON})
+    execute_process(COMMAND "${_py}" -c "import torch; print(torch.version.cuda or 'none')"
+      RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 120)
+    if(_rc EQUAL 0)
+      set(_detops_skbuild_torch_cuda "${_out}")
+      break()
+    endif()
+  endforeach()
+  if(_detops_skbuild_torch_cuda STREQUAL "none")
+    message(STATUS "detops: the torch of this pip build has no CUDA: CPU backend only "
+                   "(-C cmake.define.DETOPS_CUDA=ON builds the CUDA kernels anyway)")
+    set(_detops_cuda_mode OFF)
+  endif()
+endif()
+
 # Sanitizer builds are CPU-only: ASan's shadow memory and the CUDA driver do not mix well.
 if(DETOPS_SANITIZE AND NOT _detops_cuda_mode STREQUAL "OFF")
   if(_detops_cuda_mode STREQUAL "ON")
