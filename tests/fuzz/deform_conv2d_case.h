@@ -101,6 +101,9 @@ inline void deform_validate(const Spec* s, const bool* present, bool backward, D
     expect_error(e);
   if (backward && c->backward.mode != BackwardMode::kAtomic && c->backward.mode != BackwardMode::kExact)
     expect_error(e);
+  if (backward && c->backward.border_rule != DeformBorderRule::kTorchvision &&
+      c->backward.border_rule != DeformBorderRule::kMmcv)
+    expect_error(e);
   const Spec &in = s[0], &wt = s[1], &off = s[2], &mk = s[3], &bs = s[4], &res = s[5];
   // dtypes: a float input, every other tensor of its dtype
   if (!is_float_dtype(in.dtype)) {
@@ -232,10 +235,15 @@ inline DeformConv2dCase decode_deform_conv2d(Reader& r, Arena& arena, bool backw
     set_option(r.u8(), v);
   }
   if (backward) {
-    const int m = r.u8() % 32;
+    // one byte: the mode from its low 5 bits, the border rule from the top 3 (so the seeds
+    // written before the rule existed decode as they did, their top bits picking a rule)
+    const int byte = r.u8(), m = byte % 32, rule = byte >> 5;
     c.backward.mode = m < 15 ? BackwardMode::kExact : m < 30 ? BackwardMode::kAtomic
                       : m == 30 ? BackwardMode::kTruncated  // refused: kExact is exact
                                 : static_cast<BackwardMode>(7);
+    c.backward.border_rule = rule < 4   ? DeformBorderRule::kTorchvision
+                             : rule < 7 ? DeformBorderRule::kMmcv
+                                        : static_cast<DeformBorderRule>(2);  // refused
   }
   c.has_mask = !r.one_in(3);
   c.has_bias = backward ? !r.one_in(3) : r.one_in(2);
@@ -338,7 +346,9 @@ inline DeformConv2dCase decode_deform_conv2d(Reader& r, Arena& arena, bool backw
   describe("deform_conv2d {} dtype {} stride ({}, {}) pad ({}, {}) dilation ({}, {}) mask {} bias {}{}",
            backward ? "backward" : "forward", dtype_name(c.dt), o.stride_h, o.stride_w, o.pad_h, o.pad_w, o.dilation_h,
            o.dilation_w, c.has_mask, c.has_bias,
-           backward ? fmt::format(" mode {}", to_string(c.backward.mode)) : std::string());
+           backward ? fmt::format(" mode {} border rule {}", to_string(c.backward.mode),
+                                  static_cast<int>(c.backward.border_rule))
+                    : std::string());
   describe("  inferred: N {} Cin {} H {} W {} Cout {} kernel {}x{} groups {} offset_groups {} output {}x{}", c.N, c.Cin,
            c.H, c.W, c.Cout, c.kh, c.kw, c.groups, c.offset_groups, c.Ho, c.Wo);
   for (int i = 0; i < 11; ++i)
@@ -361,6 +371,7 @@ inline test::DeformConv2dProblem deform_problem(const DeformConv2dCase& c, bool 
   test::DeformConv2dProblem p{};
   p.N = c.N, p.Cin = c.Cin, p.H = c.H, p.W = c.W, p.Cout = c.Cout, p.kh = c.kh, p.kw = c.kw;
   p.groups = c.groups, p.offset_groups = c.offset_groups, p.opt = c.opt;
+  p.border_rule = c.backward.border_rule;
   p.has_mask = c.has_mask;
   p.has_bias = c.has_bias;
   p.input = read_values(c.input.view);
