@@ -174,35 +174,56 @@ void gather_words(Communicator& comm, const std::int64_t* local, std::int64_t wo
 }
 
 // ---------------------------------------------------------------------------------------------
-// The rank-agreement header: 6 int64 words, exchanged in host memory.
+// The rank-agreement header: kSyncBnHeaderWords int64 words, exchanged in host memory. The one
+// copy of the protocol: the one-call API exchanges it over its Communicator; a framework that
+// runs the collectives itself (detops_torch) builds it with sync_batch_norm_header and checks the
+// gathered rows with sync_batch_norm_check_headers.
 
-constexpr std::int64_t kMagic = 0x44544f5053424e02;  // "DTOPSBN" + version 2 (version 1: no count)
+constexpr std::int64_t kMagic = 0x44544f5053424e03;  // "DTOPSBN" + version 3 (2: no eps, momentum)
 enum : std::int64_t { kOpForward = 1, kOpBackward = 2 };
+/// momentum's word when it is unset (torch's None: the cumulative average); a NaN pattern no
+/// valid momentum has.
+constexpr std::int64_t kNoMomentum = -1;
 
 struct Header {
   std::int64_t magic, channels, flags, sequence, failed;
-  std::int64_t count;  // this rank's N * H * W (the exact forward checks the total)
+  std::int64_t count;     // this rank's N * H * W (the exact forward checks the total)
+  std::int64_t eps;       // the bits of opts.eps
+  std::int64_t momentum;  // the bits of *opts.momentum, or kNoMomentum
 };
-static_assert(sizeof(Header) == 48, "");
+static_assert(sizeof(Header) == sizeof(std::int64_t) * kSyncBnHeaderWords, "");
+
+std::int64_t double_bits(double v) {
+  std::int64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+double bits_double(std::int64_t bits) {
+  double v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
 
 /// The optional tensors a call was given, by direction: bit 17 + i of the header's flags.
 constexpr const char* kForwardParts[] = {"weight/bias", "running_mean/var"};
 constexpr const char* kBackwardParts[] = {"grad_x", "grad_weight", "grad_bias"};
 
-std::int64_t make_flags(std::int64_t op, const TensorView& x, const SyncBnOptions& o,
-                        std::initializer_list<bool> given) {
+/// op (4 bits) | dtype (8) | mode (4) | training (1) | the parts given (bits 17..19) | device type
+/// (bits 24..27).
+std::int64_t make_flags(std::int64_t op, const TensorView& x, const SyncBnOptions& o, const bool* given, int parts) {
   std::int64_t f = op | (static_cast<std::int64_t>(x.dtype) << 4) | (static_cast<std::int64_t>(o.mode) << 12) |
-                   (std::int64_t{o.training} << 16);
-  int bit = 17;
-  for (const bool g : given) f |= std::int64_t{g} << bit++;
+                   (std::int64_t{o.training} << 16) | (static_cast<std::int64_t>(x.device.type) << 24);
+  for (int i = 0; i < parts; ++i) f |= std::int64_t{given[i]} << (17 + i);
   return f;
 }
 
-/// "forward float32 training, default mode, weight/bias given, running_mean/var absent".
+/// "forward float32 training on cpu, default mode, weight/bias given, running_mean/var absent".
 std::string describe_flags(std::int64_t f) {
   const bool forward = (f & 15) == kOpForward;
-  std::string s = fmt::format("{} {} {}, {} mode", forward ? "forward" : "backward",
+  std::string s = fmt::format("{} {} {} on {}, {} mode", forward ? "forward" : "backward",
                               dtype_name(static_cast<DType>((f >> 4) & 255)), (f >> 16) & 1 ? "training" : "evaluation",
+                              ((f >> 24) & 15) == static_cast<std::int64_t>(DeviceType::kCUDA) ? "cuda" : "cpu",
                               ((f >> 12) & 15) == 0 ? "default" : "exact");
   int bit = 17;
   const auto add = [&](const char* part) { s += fmt::format(", {} {}", part, (f >> bit++) & 1 ? "given" : "absent"); };
@@ -214,44 +235,45 @@ std::string describe_flags(std::int64_t f) {
   return s;
 }
 
-/// A header before validation: the communicator's next sequence number (only training calls
-/// are collective, so only they count), channels unknown.
-Header start_header(Communicator* comm, const SyncBnOptions& o, std::int64_t op) {
+/// What x says of the call: channels and count when it is [N, C, H, W], else -1 and 0 (a rank
+/// whose checks fail still sends a header; its `failed` word is what the others read).
+Header make_header(const TensorView& x, const SyncBnCall& call, const SyncBnOptions& o, std::int64_t sequence,
+                   bool failed) {
   Header h{};
-  h.sequence = comm && o.training ? static_cast<std::int64_t>(comm->next_sequence()) : 0;
-  h.channels = -1;
-  h.flags = op;
+  h.magic = kMagic;
+  const bool shaped = x.defined() && x.rank == 4;
+  h.channels = shaped ? x.sizes[1] : -1;
+  std::int64_t count = 0;
+  if (shaped && !internal::checked_product({x.sizes[0], x.sizes[2], x.sizes[3]}, &count)) count = -1;
+  h.count = count;
+  h.flags = make_flags(call.backward ? kOpBackward : kOpForward, x, o, call.parts, call.backward ? 3 : 2);
+  h.sequence = sequence;
+  h.failed = failed ? 1 : 0;
+  h.eps = double_bits(o.eps);
+  h.momentum = o.momentum ? double_bits(*o.momentum) : kNoMomentum;
   return h;
 }
 
-/// Exchanges headers when asked; throws the local error (on the failing rank) or a
-/// kCommunication error (on the others) when any rank failed, and kCommunication on any
-/// disagreement. Without a check, only rethrows the local error.
-void agree(const char* op, Communicator* comm, const SyncBnOptions& o, Header mine, std::exception_ptr local_error) {
-  // evaluation communicates nothing (a rank may evaluate alone), not even the header
-  const bool exchange = comm && comm->size() > 1 && o.check_ranks && o.training;
-  if (!exchange) {
-    if (local_error) std::rethrow_exception(local_error);
-    return;
-  }
-  const int n = comm->size();
-  std::vector<Header> all(static_cast<std::size_t>(n));
-  mine.magic = kMagic;
-  mine.failed = local_error ? 1 : 0;
-  comm->all_gather(&mine, all.data(), sizeof(Header), Device::cpu(), nullptr);
-  if (local_error) std::rethrow_exception(local_error);
+std::string describe_momentum(std::int64_t bits) {
+  return bits == kNoMomentum ? std::string("None (cumulative average)") : fmt::format("{}", bits_double(bits));
+}
+
+/// Every rank's header, rank r's at all[r]: throws the same error on every rank when one is not a
+/// header of this version, a rank failed its own checks, or they disagree.
+void check_headers(const char* op, const Header* all, int n) {
   for (int r = 0; r < n; ++r) {
-    const Header& h = all[static_cast<std::size_t>(r)];
+    const Header& h = all[r];
     if (h.magic != kMagic)
-      fail(ErrorCode::kCommunication, "{}: rank {} of {} ({}) is not in a detops SyncBatchNorm call of this version", op,
-           r, n, comm->name());
+      fail(ErrorCode::kCommunication, "{}: rank {} of {} is not in a detops SyncBatchNorm call of this version "
+           "(header {:#x}; expected {:#x})", op, r, n, static_cast<std::uint64_t>(h.magic),
+           static_cast<std::uint64_t>(kMagic));
     if (h.failed)
       fail(ErrorCode::kCommunication, "{}: rank {} of {} failed its argument checks (its own error says why); every "
            "rank raises", op, r, n);
   }
   const Header& h0 = all[0];
   for (int r = 1; r < n; ++r) {
-    const Header& h = all[static_cast<std::size_t>(r)];
+    const Header& h = all[r];
     if (h.sequence != h0.sequence)
       fail(ErrorCode::kCommunication, "{}: the ranks are at different calls: rank 0 at call #{} of its communicator, "
            "rank {} at #{} (a rank skipped or added a SyncBatchNorm call)", op, h0.sequence, r, h.sequence);
@@ -261,16 +283,47 @@ void agree(const char* op, Communicator* comm, const SyncBnOptions& o, Header mi
     if (h.channels != h0.channels)
       fail(ErrorCode::kCommunication, "{}: the ranks disagree on the channel count: rank 0 has {}, rank {} has {}", op,
            h0.channels, r, h.channels);
+    if (h.eps != h0.eps)
+      fail(ErrorCode::kCommunication, "{}: the ranks disagree on eps: rank 0 has {}, rank {} has {}", op,
+           bits_double(h0.eps), r, bits_double(h.eps));
+    if (h.momentum != h0.momentum)
+      fail(ErrorCode::kCommunication, "{}: the ranks disagree on momentum: rank 0 has {}, rank {} has {}", op,
+           describe_momentum(h0.momentum), r, describe_momentum(h.momentum));
   }
   // the exact forward's sum of squares takes fewer than 2^39 elements per channel in total (each
   // rank checked its own count): every rank sees the same headers and raises the same error
-  if ((h0.flags & 15) == kOpForward && ((h0.flags >> 12) & 15) == static_cast<std::int64_t>(SyncBnMode::kExact)) {
+  if ((h0.flags & 15) == kOpForward && ((h0.flags >> 12) & 15) == static_cast<std::int64_t>(SyncBnMode::kExact) &&
+      ((h0.flags >> 16) & 1)) {
     std::int64_t total = 0;
-    for (const Header& h : all) total = h.count > detail::kSbnExactMaxCount - total ? detail::kSbnExactMaxCount + 1 : total + h.count;
+    for (int r = 0; r < n; ++r) {
+      const std::int64_t c = all[r].count;
+      total = c < 0 || c > detail::kSbnExactMaxCount - total ? detail::kSbnExactMaxCount + 1 : total + c;
+    }
     if (total > detail::kSbnExactMaxCount)
       fail(kBad, "{}: the {} ranks hold at least 2^39 elements per channel together; the exact mode supports fewer "
            "(use the default mode)", op, n);
   }
+}
+
+/// Exchanges headers when asked; throws the local error (on the failing rank) or a
+/// kCommunication error (on the others) when any rank failed, and kCommunication on any
+/// disagreement. Without a check, only rethrows the local error.
+void agree(const char* op, Communicator* comm, const SyncBnOptions& o, const TensorView& x, const SyncBnCall& call,
+           std::exception_ptr local_error) {
+  // every training call counts (only they are collective), exchanged or not
+  const std::int64_t sequence = comm && o.training ? static_cast<std::int64_t>(comm->next_sequence()) : 0;
+  // evaluation communicates nothing (a rank may evaluate alone), not even the header
+  const bool exchange = comm && comm->size() > 1 && o.check_ranks && o.training;
+  if (!exchange) {
+    if (local_error) std::rethrow_exception(local_error);
+    return;
+  }
+  const int n = comm->size();
+  const Header mine = make_header(x, call, o, sequence, local_error != nullptr);
+  std::vector<Header> all(static_cast<std::size_t>(n));
+  comm->all_gather(&mine, all.data(), sizeof(Header), Device::cpu(), nullptr);
+  if (local_error) std::rethrow_exception(local_error);
+  check_headers(op, all.data(), n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,12 +497,9 @@ void agree_scales(const SyncBnBackend& be, Communicator* comm, const Plan& p, co
 /// statistics are tracked.
 bool validate_forward(const char* op, const TensorView& x, const SyncBnParams& params, const TensorView& y,
                       const TensorView& save_mean, const TensorView& save_invstd, const Communicator* comm,
-                      const SyncBnOptions& opts, Header& mine) {
+                      const SyncBnOptions& opts) {
   check_options(op, opts);
   check_input(op, "x", x);
-  mine.channels = x.sizes[1];
-  mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
-  mine.flags = make_flags(kOpForward, x, opts, {params.weight.defined(), params.running_mean.defined()});
   internal::check_like(op, "y", y, "x", x);
   internal::check_non_overlapping(op, "y", y);
   internal::check_no_partial_overlap(op, "y", y, "x", x, true);
@@ -468,7 +518,7 @@ bool validate_forward(const char* op, const TensorView& x, const SyncBnParams& p
     internal::check_disjoint(op, rv, {xs, w, b});
     internal::check_disjoint(op, nbt, {xs, ys, w, b, sm, si});
   }
-  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, mine.count);
+  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   check_comm(op, comm, opts);
   return running;
 }
@@ -476,13 +526,10 @@ bool validate_forward(const char* op, const TensorView& x, const SyncBnParams& p
 void validate_backward(const char* op, const TensorView& grad_y, const TensorView& x, const TensorView& weight,
                        const TensorView& save_mean, const TensorView& save_invstd, const TensorView& grad_x,
                        const TensorView& grad_weight, const TensorView& grad_bias, const Communicator* comm,
-                       const SyncBnOptions& opts, Header& mine) {
+                       const SyncBnOptions& opts) {
   check_options(op, opts);
   check_input(op, "x", x);
   const std::int64_t C = x.sizes[1];
-  mine.channels = C;
-  mine.count = x.sizes[0] * x.sizes[2] * x.sizes[3];
-  mine.flags = make_flags(kOpBackward, x, opts, {grad_x.defined(), grad_weight.defined(), grad_bias.defined()});
   internal::check_like(op, "grad_y", grad_y, "x", x);
   if (weight.defined()) check_vec(op, "weight", weight, C, VecKind::kParam, "x", x);
   check_saved(op, save_mean, save_invstd, x, false, {});
@@ -499,7 +546,7 @@ void validate_backward(const char* op, const TensorView& grad_y, const TensorVie
   internal::check_disjoint(op, gb, {xs, gy, w, sm, si});
   if (grad_weight.defined() && !weight.defined())
     fail(kBad, "{}: grad_weight is given but weight is absent; expected weight (affine) for a weight gradient", op);
-  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, mine.count);
+  if (opts.training && opts.mode == SyncBnMode::kExact) check_exact_count(op, x.sizes[0] * x.sizes[2] * x.sizes[3]);
   check_comm(op, comm, opts);
 }
 
@@ -720,13 +767,12 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
                              const TensorView& save_mean, const TensorView& save_invstd, Communicator* comm,
                              const SyncBnOptions& opts, const Context& ctx, Workspace workspace) {
   const char* op = "sync_batch_norm_forward";
-  Header mine = start_header(comm, opts, kOpForward);
   std::exception_ptr local_error;
   bool running = false;
   Plan plan;
   std::optional<internal::Scratch> scratch;  // in the checks: a bad workspace fails every rank
   try {
-    running = validate_forward(op, x, params, y, save_mean, save_invstd, comm, opts, mine);
+    running = validate_forward(op, x, params, y, save_mean, save_invstd, comm, opts);
     plan = forward_plan(x, comm, opts, op);
     scratch.emplace(op, plan.layout.bytes(), x.device, ctx, workspace,
                     std::initializer_list<NamedView>{
@@ -737,7 +783,8 @@ void sync_batch_norm_forward(const TensorView& x, const SyncBnParams& params, co
   } catch (const Error&) {
     local_error = std::current_exception();
   }
-  agree(op, comm, opts, mine, local_error);
+  agree(op, comm, opts, x, SyncBnCall{false, {params.weight.defined(), params.running_mean.defined(), false}},
+        local_error);
 
   const SyncBnBackend& be = backend(x.device, op);
   const std::int64_t C = x.sizes[1];
@@ -765,12 +812,11 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
                               const TensorView& grad_weight, const TensorView& grad_bias, Communicator* comm,
                               const SyncBnOptions& opts, const Context& ctx, Workspace workspace) {
   const char* op = "sync_batch_norm_backward";
-  Header mine = start_header(comm, opts, kOpBackward);
   std::exception_ptr local_error;
   Plan plan;
   std::optional<internal::Scratch> scratch;  // in the checks: a bad workspace fails every rank
   try {
-    validate_backward(op, grad_y, x, weight, save_mean, save_invstd, grad_x, grad_weight, grad_bias, comm, opts, mine);
+    validate_backward(op, grad_y, x, weight, save_mean, save_invstd, grad_x, grad_weight, grad_bias, comm, opts);
     plan = backward_plan(x, grad_x, comm, opts, op);
     scratch.emplace(op, plan.layout.bytes(), x.device, ctx, workspace,
                     std::initializer_list<NamedView>{
@@ -781,7 +827,8 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
   } catch (const Error&) {
     local_error = std::current_exception();
   }
-  agree(op, comm, opts, mine, local_error);
+  agree(op, comm, opts, x, SyncBnCall{true, {grad_x.defined(), grad_weight.defined(), grad_bias.defined()}},
+        local_error);
 
   const SyncBnBackend& be = backend(x.device, op);
   const std::int64_t C = x.sizes[1];
@@ -799,6 +846,26 @@ void sync_batch_norm_backward(const TensorView& grad_y, const TensorView& x, con
   if (grad_x.defined())
     be.backward_apply({grad_y, x, param_of(weight), mean, invstd, opts.training ? c.sums : nullptr, grad_x}, ctx,
                       c.backend);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank agreement for phase drivers
+
+void sync_batch_norm_header(const TensorView& x, const SyncBnCall& call, const SyncBnOptions& opts,
+                            std::int64_t sequence, bool failed, std::int64_t* header) {
+  if (header == nullptr) fail(kBad, "sync_batch_norm_header: header is null; expected {} int64 words", kSyncBnHeaderWords);
+  const Header h = make_header(x, call, opts, sequence, failed);
+  std::memcpy(header, &h, sizeof h);
+}
+
+void sync_batch_norm_check_headers(const char* op, const std::int64_t* gathered, int ranks) {
+  const char* name = op != nullptr ? op : "sync_batch_norm_check_headers";
+  if (gathered == nullptr || ranks < 1)
+    fail(kBad, "{}: gathered headers at {} for {} ranks; expected [ranks >= 1, {}] int64 words", name,
+         static_cast<const void*>(gathered), ranks, kSyncBnHeaderWords);
+  std::vector<Header> all(static_cast<std::size_t>(ranks));
+  std::memcpy(all.data(), gathered, all.size() * sizeof(Header));
+  check_headers(name, all.data(), ranks);
 }
 
 }  // namespace detops

@@ -1065,6 +1065,109 @@ TEST(SyncBnRanks, ExactForwardChecksTheTotalCountInTheHeader) {
   }
 }
 
+/// Records the first all-gather's send buffer (the header) and answers with two copies of it.
+class HeaderTap final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void all_gather(const void* send, void* recv, std::size_t bytes, Device, void*) override {
+    if (sent.empty()) sent.assign(static_cast<const std::int64_t*>(send), static_cast<const std::int64_t*>(send) + bytes / 8);
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+  }
+  bool accepts_device_memory() const override { return false; }
+  const char* name() const override { return "header tap"; }
+  std::vector<std::int64_t> sent;
+};
+
+// One copy of the protocol: the header the one-call API exchanges is sync_batch_norm_header's,
+// word for word (the phase drivers, detops_torch's SyncBatchNorm, send the same).
+TEST(SyncBnHeaders, OneCallApiSendsThePhaseDriversHeader) {
+  const Problem p = make_problem(2, 3, 2, 2, 33);
+  const Inputs in(p, DType::kFloat32, Layout::kNCHW);
+  for (SyncBnMode mode : {SyncBnMode::kDefault, SyncBnMode::kExact}) {
+    SyncBnOptions o;
+    o.mode = mode;
+    o.eps = 1e-3;
+    o.momentum = std::nullopt;
+    HeaderTap tap;
+    run(p, in, 0, p.N, &tap, o);
+    ASSERT_EQ(tap.sent.size(), static_cast<std::size_t>(kSyncBnHeaderWords));
+    std::vector<std::int64_t> want(static_cast<std::size_t>(kSyncBnHeaderWords));
+    SyncBnCall call;
+    call.parts[0] = true;  // run() passes weight/bias and running statistics
+    call.parts[1] = true;
+    sync_batch_norm_header(in.x, call, o, /*sequence=*/1, /*failed=*/false, want.data());
+    EXPECT_EQ(tap.sent, want);
+    EXPECT_NO_THROW(sync_batch_norm_check_headers("test", tap.sent.data(), 1));
+  }
+}
+
+/// Two ranks' headers, rank 1's made by `change` from rank 0's call.
+std::vector<std::int64_t> two_headers(const TensorView& x0, const TensorView& x1, const SyncBnCall& c0,
+                                      const SyncBnCall& c1, const SyncBnOptions& o0, const SyncBnOptions& o1,
+                                      bool failed1 = false, std::int64_t seq1 = 0) {
+  std::vector<std::int64_t> h(static_cast<std::size_t>(2 * kSyncBnHeaderWords));
+  sync_batch_norm_header(x0, c0, o0, 0, false, h.data());
+  sync_batch_norm_header(x1, c1, o1, seq1, failed1, h.data() + kSyncBnHeaderWords);
+  return h;
+}
+
+std::string check_error(const std::vector<std::int64_t>& h, ErrorCode code) {
+  try {
+    sync_batch_norm_check_headers("SyncBatchNorm forward", h.data(), static_cast<int>(h.size() / kSyncBnHeaderWords));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(SyncBnHeaders, CheckNamesEveryDisagreement) {
+  const Tensor x4 = Tensor::zeros({2, 4, 3, 3}, DType::kFloat32), x5 = Tensor::zeros({2, 5, 3, 3}, DType::kFloat32);
+  const Tensor x16 = Tensor::zeros({2, 4, 3, 3}, DType::kFloat16);
+  const SyncBnCall fwd{}, bwd{true, {true, false, false}};
+  SyncBnCall affine;
+  affine.parts[0] = true;
+  const SyncBnOptions o;
+  SyncBnOptions exact, eps, no_momentum, eval;
+  exact.mode = SyncBnMode::kExact;
+  eps.eps = 1e-3;
+  no_momentum.momentum = std::nullopt;
+  eval.training = false;
+  EXPECT_NO_THROW(sync_batch_norm_check_headers("t", two_headers(x4, x4, fwd, fwd, o, o).data(), 2));
+  const ErrorCode comm = ErrorCode::kCommunication;
+  auto has = [](const std::string& msg, const char* part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  };
+  has(check_error(two_headers(x4, x5, fwd, fwd, o, o), comm), "the ranks disagree on the channel count: rank 0 has 4, rank 1 has 5");
+  has(check_error(two_headers(x4, x4, fwd, fwd, o, exact), comm), "exact mode");
+  has(check_error(two_headers(x4, x16, fwd, fwd, o, o), comm), "float16");
+  has(check_error(two_headers(x4, x4, fwd, bwd, o, o), comm), "rank 1 runs backward");
+  has(check_error(two_headers(x4, x4, fwd, affine, o, o), comm), "weight/bias given");
+  has(check_error(two_headers(x4, x4, fwd, fwd, o, eval), comm), "evaluation");
+  has(check_error(two_headers(x4, x4, fwd, fwd, o, eps), comm), "eps: rank 0 has 1e-05, rank 1 has 0.001");
+  has(check_error(two_headers(x4, x4, fwd, fwd, o, no_momentum), comm), "momentum: rank 0 has 0.1, rank 1 has None");
+  has(check_error(two_headers(x4, x4, fwd, fwd, o, o, false, 3), comm), "different calls");
+  // a failed rank (its x may be anything) is reported before any field
+  has(check_error(two_headers(x4, TensorView{}, fwd, fwd, o, o, true), comm), "rank 1 of 2 failed its argument checks");
+  // not a header of this version
+  std::vector<std::int64_t> h = two_headers(x4, x4, fwd, fwd, o, o);
+  h[static_cast<std::size_t>(kSyncBnHeaderWords)] ^= 1;
+  has(check_error(h, comm), "rank 1 of 2 is not in a detops SyncBatchNorm call of this version");
+  // the exact forward's total count
+  const Tensor big = Tensor::zeros({2, 1, 1, 1}, DType::kFloat32);
+  h = two_headers(big, big, fwd, fwd, exact, exact);
+  h[5] = (std::int64_t{1} << 39) - 2;
+  has(check_error(h, ErrorCode::kInvalidArgument), "2^39");
+  h[5] = (std::int64_t{1} << 39) - 3;
+  EXPECT_NO_THROW(sync_batch_norm_check_headers("t", h.data(), 2));
+  // bad arguments
+  has(check_error({}, ErrorCode::kInvalidArgument), "expected [ranks >= 1, 8] int64 words");
+  EXPECT_THROW(sync_batch_norm_header(x4, fwd, o, 0, false, nullptr), Error);
+}
+
 TEST(SyncBnPhases, ExponentsOutsideTheSentinelRangeAreDefined) {
   // exponents no local_scales can give (it gives -1073..1024 and the two sentinels): records
   // quantize to 0 and the statistics are NaN, without the int conversions overflowing

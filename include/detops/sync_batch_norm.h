@@ -181,4 +181,39 @@ void sync_batch_norm_backward_apply(const TensorView& grad_y, const TensorView& 
                                     const TensorView& save_mean, const TensorView& save_invstd,
                                     const TensorView& sums, const TensorView& grad_x, const Context& ctx = {});
 
+// ---------------------------------------------------------------------------------------------
+// Rank agreement for phase drivers. The header sync_batch_norm_forward/backward exchange when
+// opts.check_ranks (one copy of the protocol), for a framework that runs the collectives itself:
+// every rank writes its header (also a rank whose own checks failed: `failed`), all-gathers the
+// kSyncBnHeaderWords words of every rank, raises its own error if it has one, and otherwise
+// checks the rows, so every rank raises instead of hanging or mixing layers.
+
+/// int64 words of one rank's header: a magic word with the version, channels, flags (direction,
+/// dtype, mode, training, the parts given, device type), the call's sequence number, whether the
+/// rank failed its checks, its element count per channel, eps and momentum.
+constexpr std::int64_t kSyncBnHeaderWords = 8;
+
+/// What a call is, as the ranks compare it.
+struct SyncBnCall {
+  bool backward = false;
+  /// forward: {weight/bias given, running statistics given, unused}; backward: {grad_x,
+  /// grad_weight, grad_bias given}.
+  bool parts[3] = {false, false, false};
+};
+
+/// This rank's header for a call on x (channels and count from x when it is [N, C, H, W]; any
+/// view otherwise, a failed rank's included) into header[0 .. kSyncBnHeaderWords), host memory.
+/// `sequence`: the caller's count of its collective SyncBatchNorm calls (the one-call API uses
+/// its Communicator's; 0 when the caller does not count).
+void sync_batch_norm_header(const TensorView& x, const SyncBnCall& call, const SyncBnOptions& opts,
+                            std::int64_t sequence, bool failed, std::int64_t* header);
+
+/// Checks the gathered headers (host memory, [ranks][kSyncBnHeaderWords], rank r's in row r):
+/// throws kCommunication, the same on every rank, when a row is no header of this version, a rank
+/// failed its checks (its own error is its to raise), or the ranks disagree (call sequence,
+/// direction, dtype, device type, mode, training, the parts given, channels, eps, momentum);
+/// kInvalidArgument when the exact forward's ranks hold 2^39 or more elements per channel
+/// together. `op` starts the message.
+void sync_batch_norm_check_headers(const char* op, const std::int64_t* gathered, int ranks);
+
 }  // namespace detops

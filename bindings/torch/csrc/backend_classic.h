@@ -69,6 +69,11 @@ inline Tensor empty_on(const Tensor& like, const std::vector<int64_t>& sizes, Op
   return at::empty(sizes, options);
 }
 
+/// A new int64 tensor in host memory.
+inline Tensor empty_cpu_int64(const std::vector<int64_t>& sizes) {
+  return at::empty(sizes, at::TensorOptions().dtype(at::kLong).device(at::kCPU));
+}
+
 /// Makes t's device current for the scope (CUDA kernels launch on it, torch's stream is its).
 class DeviceGuard {
  public:

@@ -162,6 +162,13 @@ inline Tensor empty_on(const Tensor& like, const std::vector<int64_t>& sizes, Op
                               std::nullopt, like.device(), std::nullopt, format);
 }
 
+/// A new int64 tensor in host memory.
+inline Tensor empty_cpu_int64(const std::vector<int64_t>& sizes) {
+  const torch::stable::Device cpu(torch::headeronly::DeviceType::CPU);
+  return torch::stable::empty(torch::headeronly::IntHeaderOnlyArrayRef(sizes.data(), sizes.size()),
+                              ScalarType::Long, std::nullopt, cpu);
+}
+
 /// detops' scratch memory as torch tensors (torch::stable::empty of bytes), so torch counts and
 /// caches it like any other allocation; on CUDA the caching allocator orders each block on the
 /// current stream, the one detops runs on. A block lives from allocate() to deallocate(), both

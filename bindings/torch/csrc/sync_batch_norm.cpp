@@ -42,6 +42,51 @@ TensorView view_counter(const Optional<Tensor>& t) {
   return v;
 }
 
+// ---- The rank-agreement header (include/detops/sync_batch_norm.h: one copy of the protocol) ------
+// detops_torch.distributed all-gathers these words with torch.distributed and checks the rows here.
+
+/// This rank's header ([kSyncBnHeaderWords] int64, host memory) for a call on x: only x's
+/// metadata is read, and any x is accepted (a rank whose own checks failed sends one too).
+Tensor header_kernel(const Tensor& x, bool backward, bool part0, bool part1, bool part2, Str mode, bool training,
+                     double eps, Optional<double> momentum, bool failed) {
+  return guarded([&] {
+    const char* op = "detops::sync_batch_norm_header";
+    SyncBnOptions opts;
+    opts.mode = parse_sync_mode(op, mode);
+    opts.training = training;
+    opts.eps = eps;
+    opts.momentum = momentum.has_value() ? std::optional<double>(*momentum) : std::nullopt;
+    TensorView v;
+    if (!failed) v = view(x, "x");  // a failed rank's x may be of any dtype or rank
+    Tensor header = empty_cpu_int64({kSyncBnHeaderWords});
+    sync_batch_norm_header(v, SyncBnCall{backward, {part0, part1, part2}}, opts, 0, failed,
+                           static_cast<std::int64_t*>(header.data_ptr()));
+    return header;
+  });
+}
+
+/// Checks the gathered headers ([ranks, kSyncBnHeaderWords] int64 in host memory): the same
+/// error on every rank, a ValueError (the binding's type for arguments the ranks disagree on).
+int64_t check_headers_kernel(const Tensor& gathered, Str what) {
+  return guarded([&] {
+    const char* op = "detops::sync_batch_norm_check_headers";
+    const TensorView g = view(gathered, "gathered");
+    if (g.rank != 2 || g.sizes[1] != kSyncBnHeaderWords || g.dtype != DType::kInt64 || !g.device.is_cpu() ||
+        !g.is_contiguous())
+      throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": gathered must be a contiguous [ranks, " +
+                                                   std::to_string(kSyncBnHeaderWords) + "] int64 tensor in host memory");
+    const std::string name(sv(what));
+    try {
+      sync_batch_norm_check_headers(name.c_str(), static_cast<const std::int64_t*>(g.data),
+                                    static_cast<int>(g.sizes[0]));
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kCommunication) throw;
+      throw Error(ErrorCode::kInvalidArgument, e.what());
+    }
+    return g.sizes[0];
+  });
+}
+
 int64_t record_words_kernel(int64_t channels, Str mode) {
   return guarded([&] {
     const auto m = parse_sync_mode("detops::sync_batch_norm_record_words", mode);
@@ -200,6 +245,11 @@ namespace ops = detops::torch_ops;
 DETOPS_LIBRARY_FRAGMENT(m) {
   // SyncBatchNorm's phases, driven by detops_torch.distributed with torch.distributed.
   m.def("sync_batch_norm_record_words(int channels, str mode) -> int");
+  // The rank-agreement header: this rank's words, and the check of every rank's (parts: forward
+  // weight/bias and running statistics given; backward grad_x, grad_weight, grad_bias wanted).
+  m.def("sync_batch_norm_header(Tensor x, bool backward, bool part0, bool part1, bool part2, str mode, "
+        "bool training, float eps, float? momentum, bool failed) -> Tensor");
+  m.def("sync_batch_norm_check_headers(Tensor gathered, str what) -> int");
   m.def("sync_batch_norm_local_scales(Tensor x, Tensor? grad_y, Tensor? save_mean) -> Tensor");
   m.def("sync_batch_norm_merge_scales(Tensor gathered) -> Tensor");
   m.def("sync_batch_norm_local_stats(Tensor x, str mode, Tensor? scales) -> Tensor");
@@ -239,6 +289,9 @@ DETOPS_LIBRARY_IMPL_CPU_CUDA(kernels)
 // No tensor argument, nothing to dispatch on: one kernel for every backend.
 DETOPS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
   m.impl("sync_batch_norm_record_words", DETOPS_KERNEL(ops::record_words_kernel));
+  // metadata and host memory only: the same kernel whatever x's device
+  m.impl("sync_batch_norm_header", DETOPS_KERNEL(ops::header_kernel));
+  m.impl("sync_batch_norm_check_headers", DETOPS_KERNEL(ops::check_headers_kernel));
 }
 
 
@@ -249,7 +302,8 @@ DETOPS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(detops, Autograd, m) {
   for (const char* name : {"sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
                            "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
-                           "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply"}) {
+                           "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply",
+                           "sync_batch_norm_header", "sync_batch_norm_check_headers"}) {
     m.impl(name, ::torch::CppFunction::makeFallthrough());
   }
 }

@@ -18,23 +18,23 @@ multi-rank run replays on one process bit for bit); ``mode="default"`` agrees wi
 within float64 rounding. Any process group works: gloo on the CPU (which torch's own
 SyncBatchNorm refuses) and NCCL on CUDA.
 
-Before its records, every training call all-gathers a 12-word int64 header (phase, channels,
-mode, dtype, device, affine/running/gradient flags, eps, momentum, element count, local failure);
-ranks that disagree, or a rank whose own checks failed, make EVERY rank raise ``ValueError``
-instead of hanging or mixing layers. Set ``module.check_ranks = False`` to skip that exchange
+Before its records, every training call all-gathers detops' rank-agreement header (8 int64
+words: direction, channels, dtype, device type, mode, the optional parts, eps, momentum, element
+count, local failure; ``torch.ops.detops.sync_batch_norm_header``, the words detops' C++ API
+exchanges itself) and checks every rank's (``sync_batch_norm_check_headers``): ranks that
+disagree, or a rank whose own checks failed, make EVERY rank raise ``ValueError`` instead of
+hanging or mixing layers. Set ``module.check_ranks = False`` to skip that exchange
 (one small collective per layer and direction) once a step has run with it.
 
 Gradients follow ``torch.nn.SyncBatchNorm``: grad_input uses the global sums; grad_weight and
 grad_bias are this rank's local contributions, not reduced (DDP averages them with the other
 parameters).
 """
-import struct
-
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from ._errors import DetopsError
+from ._errors import DetopsError, run
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
 
@@ -42,18 +42,7 @@ _MODES = ("default", "exact")
 # The phases are looked up at call time so that importing this module needs no loaded op library.
 _OPS_NAMESPACE = "detops"
 
-# Header words (int64). A different magic (another call of the same size, or a different
-# version of this module) is reported as such.
-_MAGIC = 0x44545059424E0001  # "DTPYBN" + header version 1
-_H_MAGIC, _H_PHASE, _H_CHANNELS, _H_MODE, _H_DTYPE, _H_DEVICE, _H_FLAGS, _H_EPS, _H_MOMENTUM, _H_COUNT, \
-    _H_FAILED, _H_RESERVED = range(12)
-_HEADER_WORDS = 12
-_PHASES = {1: "forward", 2: "backward"}
-_DTYPES = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}
-_DTYPE_NAMES = {0: "unsupported", 1: "float32", 2: "float64", 3: "float16", 4: "bfloat16"}
-_FLAG_NAMES = ("weight/bias", "running statistics", "grad_input", "grad_weight/grad_bias")
-# the exact mode's fixed-point sums take fewer than 2^39 elements per channel over all ranks
-_EXACT_MAX_COUNT = (1 << 39) - 1
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _ops():
@@ -63,17 +52,6 @@ def _ops():
 def _check_mode(mode, what="mode"):
     if mode not in _MODES:
         raise DetopsError(f"SyncBatchNorm: {what} is {mode!r}; expected 'default' or 'exact'")
-
-
-def _float_bits(value):
-    """The float64 bit pattern of value as an int64 (None: a quiet NaN pattern no float gives)."""
-    if value is None:
-        return -1
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
-
-
-def _bits_float(bits):
-    return None if bits == -1 else struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 class _Comm:
@@ -109,63 +87,29 @@ class _Comm:
         return torch.stack(rows).to(t.device)
 
 
-def _dtype_code(t):
-    return _DTYPES.get(t.dtype, 0)
-
-
-def _device_code(t):
-    return {"cpu": 0, "cuda": 1}.get(t.device.type, 2)
-
-
-def _agree(comm, header, local_error, what):
-    """All-gathers this rank's header; raises on every rank when any rank failed or they disagree.
+def _agree(comm, x, backward, parts, mode, eps, momentum, local_error, what):
+    """All-gathers this rank's rank-agreement header (detops' own protocol: the words of
+    ``sync_batch_norm_header``) and checks every rank's: raises on every rank when any rank failed
+    or they disagree.
 
     local_error (an exception or None) is raised on its own rank after the exchange, so the
     other ranks are not left waiting in a collective this rank never joins."""
-    header[_H_MAGIC] = _MAGIC
-    header[_H_FAILED] = 1 if local_error is not None else 0
-    rows = comm.gather(torch.tensor(header, dtype=torch.int64)).tolist()
+    ops = _ops()
+    momentum = None if momentum is None else float(momentum)
+
+    def header(failed):
+        return ops.sync_batch_norm_header(x, backward, parts[0], parts[1], parts[2],
+                                          mode if mode in _MODES else "default", True, float(eps), momentum, failed)
+
+    try:
+        mine = header(local_error is not None)
+    except Exception as e:  # noqa: BLE001 -- this rank still takes part, as a failed one
+        local_error = local_error or e
+        mine = header(True)
+    rows = comm.gather(mine)
     if local_error is not None:
         raise local_error
-    n = comm.world
-    for r, row in enumerate(rows):
-        if row[_H_MAGIC] != _MAGIC:
-            raise DetopsError(f"{what}: rank {r} of {n} is not in a detops_torch SyncBatchNorm call of this "
-                             f"version (header {row[_H_MAGIC]:#x}; expected {_MAGIC:#x})")
-        if row[_H_FAILED]:
-            raise DetopsError(f"{what}: rank {r} of {n} failed its argument checks (its own error says why); "
-                             "every rank raises")
-    first = rows[0]
-
-    def describe(field, v):
-        if field == _H_PHASE:
-            return _PHASES.get(v, str(v))
-        if field == _H_MODE:
-            return _MODES[v] if v in (0, 1) else str(v)
-        if field == _H_DTYPE:
-            return _DTYPE_NAMES.get(v, str(v))
-        if field == _H_DEVICE:
-            return {0: "cpu", 1: "cuda"}.get(v, "another device type")
-        if field == _H_FLAGS:
-            return ", ".join(f"{name} {'yes' if v >> i & 1 else 'no'}" for i, name in enumerate(_FLAG_NAMES))
-        if field in (_H_EPS, _H_MOMENTUM):
-            f = _bits_float(v)
-            return "None" if f is None else repr(f)
-        return str(v)
-
-    names = {_H_PHASE: "the direction", _H_CHANNELS: "the channel count", _H_MODE: "the mode",
-             _H_DTYPE: "the input dtype", _H_DEVICE: "the device type", _H_FLAGS: "the module's configuration",
-             _H_EPS: "eps", _H_MOMENTUM: "momentum"}
-    for r in range(1, n):
-        for field, name in names.items():
-            if rows[r][field] != first[field]:
-                raise DetopsError(f"{what}: the ranks disagree on {name}: rank 0 has {describe(field, first[field])}, "
-                                 f"rank {r} has {describe(field, rows[r][field])}")
-    if first[_H_PHASE] == 1 and first[_H_MODE] == 1:
-        total = sum(row[_H_COUNT] for row in rows)
-        if total > _EXACT_MAX_COUNT:
-            raise DetopsError(f"{what}: the {n} ranks hold {total} elements per channel together; the exact mode "
-                             "supports fewer than 2^39 (use mode='default')")
+    run(ops.sync_batch_norm_check_headers, rows.cpu().contiguous(), what)  # DetopsError on every rank
 
 
 def _check_vector(what, name, v, channels, device):
@@ -185,20 +129,6 @@ def _check_input(what, x, mode):
     if x.dtype not in _DTYPES:
         raise DetopsError(f"{what}: input has dtype {x.dtype}; expected float32, float64, float16 or bfloat16")
     _check_mode(mode)
-
-
-def _header(phase, x, mode, flags, eps, momentum):
-    h = [0] * _HEADER_WORDS
-    h[_H_PHASE] = phase
-    h[_H_CHANNELS] = x.shape[1] if x.dim() >= 2 else -1
-    h[_H_MODE] = _MODES.index(mode) if mode in _MODES else 2
-    h[_H_DTYPE] = _dtype_code(x)
-    h[_H_DEVICE] = _device_code(x)
-    h[_H_FLAGS] = sum(int(bool(f)) << i for i, f in enumerate(flags))
-    h[_H_EPS] = _float_bits(eps)
-    h[_H_MOMENTUM] = _float_bits(momentum)
-    h[_H_COUNT] = x.numel() // x.shape[1] if x.dim() >= 2 and x.shape[1] > 0 else 0
-    return h
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -227,8 +157,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         except Exception as e:  # noqa: BLE001 -- any local failure must reach the other ranks
             local_error = e
         if sync and check_ranks:
-            _agree(comm, _header(1, x, mode, (weight is not None, running_mean is not None, False, False), eps,
-                                 momentum), local_error, what)
+            _agree(comm, x, False, (weight is not None, running_mean is not None, False), mode, eps, momentum,
+                   local_error, what)
         elif local_error is not None:
             raise local_error
         if exact:
@@ -272,8 +202,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if comm.world > 1 and ctx.check_ranks:
             # every rank exchanges the header, also when it needs no grad_input: a rank that
             # does (and so waits for the records) and one that does not both raise
-            _agree(comm, _header(2, x, ctx.mode, (weight is not None, ctx.has_running, need_x, weight_grad),
-                                 ctx.eps, ctx.momentum), local_error, what)
+            _agree(comm, x, True, (need_x, weight_grad, weight_grad and ctx.has_bias), ctx.mode, ctx.eps,
+                   ctx.momentum, local_error, what)
         elif local_error is not None:
             raise local_error
         rows = comm if global_sums else _Comm(None, x.device)

@@ -21,7 +21,8 @@ OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_back
        "frozen_batch_norm", "_frozen_batch_norm_backward", "sync_batch_norm_record_words",
        "sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
        "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
-       "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply"]
+       "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply", "sync_batch_norm_header",
+       "sync_batch_norm_check_headers"]
 EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "deform_conv2d",
            "RoIAlign", "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention",
            "MSDeformAttn", "DeformConv2d", "ModulatedDeformConv2dPack", "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",

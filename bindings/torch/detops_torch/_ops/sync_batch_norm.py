@@ -7,7 +7,9 @@ from .._errors import DetopsError
 MODES = ("default", "exact")
 NAMES = ("sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
          "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
-         "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply")
+         "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply", "sync_batch_norm_header",
+         "sync_batch_norm_check_headers")
+HEADER_WORDS = 8  # kSyncBnHeaderWords (include/detops/sync_batch_norm.h)
 
 
 # Record sizes as include/detops/sync_batch_norm.h documents them: 1 + 2C words per rank, 1 + 4C
@@ -104,6 +106,18 @@ def _(grad_y, x, weight, save_mean, save_invstd, sums):
                            sums=sums)
     channels_of(op, "x", x)
     return r.empty_like_format(x)
+
+
+@r.fake("sync_batch_norm_header")
+def _(x, backward, part0, part1, part2, mode, training, eps, momentum, failed):
+    r.check_choice("detops::sync_batch_norm_header", "mode", mode, MODES)
+    return torch.empty((HEADER_WORDS,), dtype=torch.int64)
+
+
+@r.fake("sync_batch_norm_check_headers")
+def _(gathered, what):
+    r.require_dim("detops::sync_batch_norm_check_headers", "gathered", gathered, 2, f"[ranks, {HEADER_WORDS}]")
+    return gathered.shape[0]
 
 
 # No gradient of their own (the Python autograd.Function in distributed.py composes them).
