@@ -735,10 +735,13 @@ class DeformConv2d(nn.Module):
                  dilation: int = 1, groups: int = 1, bias: bool = True, *, backward_mode: str = "exact", mode: Optional[str] = None):
         super().__init__()
         owner = type(self).__name__
+        # torchvision's ValueErrors, with its words
         if in_channels % groups != 0:
-            raise ValueError(f"{owner}: in_channels {in_channels} is not divisible by groups {groups}")
+            raise DetopsError(f"{owner}: in_channels must be divisible by groups (in_channels {in_channels}, "
+                              f"groups {groups})")
         if out_channels % groups != 0:
-            raise ValueError(f"{owner}: out_channels {out_channels} is not divisible by groups {groups}")
+            raise DetopsError(f"{owner}: out_channels must be divisible by groups (out_channels {out_channels}, "
+                              f"groups {groups})")
         backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -798,6 +801,17 @@ def _checked_im2col_step(owner: str, x: Tensor, im2col_step: int) -> Tensor:
     return x
 
 
+@torch.fx.wrap
+def _divisible_by_deform_groups(x: Tensor, deform_groups: int, owner: str) -> Tensor:
+    # mmcv builds a layer whose in_channels deform_groups does not divide and refuses it in the
+    # forward (its DCNv1 with this message; its DCNv2 kernels read past the offsets instead). A
+    # leaf under FX (it branches on the input's size); returns x.
+    if x.dim() >= 2 and x.size(1) % deform_groups != 0:
+        raise DetopsError(owner + ": input channels must divide deformable group size: input has "
+                          + str(x.size(1)) + " channels, deform_groups is " + str(deform_groups))
+    return x
+
+
 class _MmcvDeformConv(nn.Module):
     """What mmcv's four deformable convolutions share (``DeformConv2d`` and
     ``ModulatedDeformConv2d``, here in :mod:`detops_torch.compat`, and their Packs): the
@@ -813,10 +827,11 @@ class _MmcvDeformConv(nn.Module):
         # and converts; see _deform).
         for name, channels, what, parts in (("in_channels", in_channels, "groups", groups),
                                             ("out_channels", out_channels, "groups", groups)):
-            if parts <= 0 or channels % parts != 0:
-                raise ValueError(f"{owner}: {name} {channels} is not divisible by {what} {parts}")
+            if parts <= 0 or channels % parts != 0:  # mmcv's assert, with its words
+                raise DetopsAssertionError(f"{owner}: {name} {channels} cannot be divisible by {what} {parts} "
+                                           f"(expected {name} divisible by {what})")
         if deform_groups <= 0:
-            raise ValueError(f"{owner}: deform_groups is {deform_groups}; expected a positive count")
+            raise DetopsError(f"{owner}: deform_groups is {deform_groups}; expected a positive count")
         backward_mode = resolve_backward_mode(owner, backward_mode, mode)
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -842,11 +857,7 @@ class _MmcvDeformConv(nn.Module):
                          dilation=self.dilation, bias=True)
 
     def _deform(self, x: Tensor, offset: Tensor, bias: Optional[Tensor], mask: Optional[Tensor]) -> Tensor:
-        # mmcv builds a layer whose in_channels deform_groups does not divide and refuses it here
-        # (its DCNv1 with this message; its DCNv2 kernels read past the offsets instead).
-        if x.dim() >= 2 and x.size(1) % self.deform_groups != 0:
-            raise ValueError(self._owner + ": input channels must divide deformable group size: input has "
-                             + str(x.size(1)) + " channels, deform_groups is " + str(self.deform_groups))
+        x = _divisible_by_deform_groups(x, self.deform_groups, self._owner)
         # mmcv casts the input, weight, bias and mask to the offset's dtype (16-bit under autocast,
         # where the offset conv's output is).
         x = x.type_as(offset)
@@ -869,8 +880,8 @@ class _MmcvDeformConv2d(_MmcvDeformConv):
                  stride: int = 1, padding: int = 0, dilation: int = 1, groups: int = 1, deform_groups: int = 1,
                  bias: bool = False, im2col_step: int = 32, *, backward_mode: str = "exact", mode: Optional[str] = None):
         if bias:
-            raise ValueError(f"{type(self).__name__}: bias={bias!r} is not supported (mmcv's DCNv1 has no bias; "
-                             "the modulated one has)")
+            raise DetopsAssertionError(f"{type(self).__name__}: bias={bias!r} is not supported in DeformConv2d "
+                                       "(mmcv's DCNv1 has no bias; the modulated one has)")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deform_groups,
                          backward_mode, mode)
         self.im2col_step = im2col_step

@@ -284,8 +284,11 @@ class DeformConv2dModuleTest(unittest.TestCase):
         self.assertEqual(m.backward_mode, "atomic")
         with self.assertRaisesRegex(ValueError, "mode.*'truncated'"):
             detops_torch.DeformConv2d(4, 6, 3, backward_mode="truncated")
-        with self.assertRaisesRegex(ValueError, "in_channels 4 is not divisible by groups 3"):
+        # torchvision's ValueError and words; detops' type (also a RuntimeError)
+        with self.assertRaisesRegex(detops_torch.DetopsError, "in_channels must be divisible by groups"):
             detops_torch.DeformConv2d(4, 6, 3, groups=3)
+        with self.assertRaisesRegex(ValueError, "out_channels must be divisible by groups"):
+            detops_torch.DeformConv2d(4, 5, 3, groups=2)
 
     def test_autocast_runs_in_the_autocast_dtype(self):
         m = detops_torch.DeformConv2d(4, 6, 3, padding=1)
@@ -555,11 +558,12 @@ class DeformConv2dPackTest(unittest.TestCase):
 
     def test_deprecated_keyword_torchscript_and_errors(self):
         _check_deprecated_keyword_and_script(self, detops_torch.DeformConv2dPack)
-        with self.assertRaisesRegex(ValueError, r"DeformConv2dPack: bias=True is not supported"):
+        # mmcv asserts these: AssertionError (and detops' DetopsError), with mmcv's words
+        with self.assertRaisesRegex(AssertionError, r"DeformConv2dPack: bias=True is not supported in DeformConv2d"):
             detops_torch.DeformConv2dPack(4, 6, 3, bias=True)
-        with self.assertRaisesRegex(ValueError, "deform_groups is -1; expected a positive count"):
+        with self.assertRaisesRegex(detops_torch.DetopsError, "deform_groups is -1; expected a positive count"):
             detops_torch.DeformConv2dPack(4, 6, 3, deform_groups=-1)
-        with self.assertRaisesRegex(ValueError, "out_channels 6 is not divisible by groups 4"):
+        with self.assertRaisesRegex(AssertionError, "out_channels 6 cannot be divisible by groups 4"):
             detops_torch.DeformConv2dPack(4, 6, 3, groups=4)
         with self.assertRaisesRegex(ValueError, "mode"):
             detops_torch.DeformConv2dPack(4, 6, 3, backward_mode="fast")
@@ -894,7 +898,8 @@ class BorderRuleTest(unittest.TestCase):
                 layer = cls(6, 4, 3, padding=1, deform_groups=4)
                 x = torch.randn(1, 6, 5, 5)
                 extra = {"offset": torch.zeros(1, 2 * 4 * 9, 5, 5), "mask": torch.ones(1, 4 * 9, 5, 5)}
-                with self.assertRaisesRegex(ValueError, "input channels must divide deformable group size"):
+                # mmcv's RuntimeError and words (DetopsError is both a ValueError and a RuntimeError)
+                with self.assertRaisesRegex(RuntimeError, "input channels must divide deformable group size"):
                     layer(x, *(extra[a] for a in args))
 
 
