@@ -1,4 +1,7 @@
 # Tests of torch.compile / torch.export over torch.ops.detops (torch >= 2.4): opcheck on every op, inductor with dynamic shapes giving eager's bits, a model of the modules without graph breaks, an exported detection head.
+import os
+import shutil
+import tempfile
 import unittest
 
 import torch
@@ -8,6 +11,28 @@ from _util import TORCH_VERSION, assert_bitwise_equal
 
 TORCH_2_4 = TORCH_VERSION >= (2, 4)
 ops = torch.ops.detops
+
+
+_saved_cache_dir = None
+_cache_dir = None
+
+
+def setUpModule():
+    # A cache of torch.compile's own for this module: torch keys its AOTAutograd/FX graph caches on
+    # the traced graph, not on a custom op's schema or autograd formula, so a graph cached by an
+    # older build of detops would be replayed against today's ops (README: upgrading detops).
+    global _saved_cache_dir, _cache_dir
+    _saved_cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    _cache_dir = tempfile.mkdtemp(prefix="detops-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir
+
+
+def tearDownModule():
+    if _saved_cache_dir is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _saved_cache_dir
+    shutil.rmtree(_cache_dir, ignore_errors=True)
 
 
 def _gen(seed):
