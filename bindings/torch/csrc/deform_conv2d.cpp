@@ -80,8 +80,22 @@ std::vector<int64_t> output_sizes(const char* op, const Tensor& input, const Ten
     bad(op, "offset_groups is " + std::to_string(offset_groups) + "; expected offset.sizes[1] / (2 * kh * kw) = " +
                 std::to_string(offset.size(1)) + " / " + std::to_string(2 * kh * kw));
   }
-  const int64_t eff_h = o.dilation_h * (kh - 1) + 1, eff_w = o.dilation_w * (kw - 1) + 1;
-  const int64_t span_h = input.size(2) + 2 * o.pad_h, span_w = input.size(3) + 2 * o.pad_w;
+  // a * b + c without signed overflow (the core's checked_affine; its messages, too): the options
+  // come from Python as any int64, and a wrapped size would pass the checks below.
+  const auto affine = [](int64_t a, int64_t b, int64_t c, int64_t* out) {
+    int64_t product = 0;
+    return !__builtin_mul_overflow(a, b, &product) && !__builtin_add_overflow(product, c, out);
+  };
+  int64_t span_h = 0, span_w = 0, eff_h = 0, eff_w = 0;
+  if (!affine(2, o.pad_h, input.size(2), &span_h) || !affine(2, o.pad_w, input.size(3), &span_w)) {
+    bad(op, "padding is " + pair_str(o.pad_h, o.pad_w) + " for input sizes " + sizes_str(input) +
+                "; H + 2 * pad_h and W + 2 * pad_w must fit in int64; expected a padded input below 2^63");
+  }
+  if (!affine(o.dilation_h, kh - 1, 1, &eff_h) || !affine(o.dilation_w, kw - 1, 1, &eff_w)) {
+    bad(op, "dilation is " + pair_str(o.dilation_h, o.dilation_w) + " for a " + std::to_string(kh) + "x" +
+                std::to_string(kw) + " kernel (weight sizes " + sizes_str(weight) +
+                "); dilation * (k - 1) + 1 must fit in int64; expected a dilated kernel below 2^63");
+  }
   if (span_h < eff_h || span_w < eff_w) {
     bad(op, "input has sizes " + sizes_str(input) + "; with padding " + pair_str(o.pad_h, o.pad_w) +
                 " it is smaller than the dilated kernel " + pair_str(eff_h, eff_w) + ": no output position");

@@ -946,6 +946,26 @@ class BadInputTest(unittest.TestCase):
             torch.ops.detops.deform_conv2d(x, weight, offset, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True, "fast")
         self.assertIsNone(x.grad)
 
+    def test_option_arithmetic_that_overflows_is_an_error(self):
+        # The binding sizes the output itself before detops' checks: with pad_h = 2**62 its
+        # H + 2 * pad_h once wrapped (undefined behaviour) below the kernel's extent, and the error
+        # blamed a too-small input. Both the op and the backward op refuse, naming the values given.
+        x, offset, weight, bias, mask, _ = _case(93)
+        big = 2**63 - 1
+        ops = torch.ops.detops
+        cases = [
+            (r"padding is \(4611686018427387904, 1\)", (1, 1, 2**62, 1, 1, 1)),
+            (r"dilation is \(1, 9223372036854775807\)", (1, 1, 1, 1, 1, big)),
+        ]
+        for pattern, (sh, sw, ph, pw, dh, dw) in cases:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    ops.deform_conv2d(x, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, 1, 1, True)
+                grad = torch.ones(2, weight.shape[0], offset.shape[2], offset.shape[3], dtype=x.dtype)
+                with self.assertRaisesRegex(ValueError, pattern):
+                    ops._deform_conv2d_backward(grad, x, weight, offset, mask, sh, sw, ph, pw, dh, dw, 1, 1,
+                                                "exact", "torchvision", True, True, True, True, True)
+
     def test_use_mask_false_ignores_the_mask(self):
         # torchvision's Python passes an empty [N, 0] mask with use_mask=False.
         x, offset, weight, bias, _, _ = _case(92, mask=False)
