@@ -1,10 +1,12 @@
-// The CUDA kernels' per-thread bodies of deform_conv2d, run on the CPU over an emulated grid
-// (every thread index, in order) as the steps of the sequence both backends share
-// (internal::deform_forward_steps / deform_backward_steps, here with an executor that mirrors the
-// CUDA backend's CudaSteps), byte for byte against the CPU backend. The CPU backend uses its own loops (points computed once per piece and read for
-// every channel, the blocked GEMM with k in slices, planes for the scatter, the engine's counting
-// sort), so agreement to the bit checks both the kernels' indexing and the claim that the two
-// backends evaluate the same arithmetic. No GPU needed.
+// The CUDA backend of deform_conv2d run on the CPU: its own steps (internal/deform_conv2d_device.h,
+// the code cuda/deform_conv2d_cuda.cu runs on CudaDevice) on the emulated device
+// (tests/emulated_device.h: every thread index in order, CUB's contracts), so launch arguments,
+// grid sizes, the sort's keys and bit range, the workspace's carving and the zero fills are the
+// GPU's own; byte for byte against the CPU backend, from a poisoned workspace. The CPU backend
+// uses its own loops (points computed once per piece and read for every channel, the blocked GEMM
+// with k in slices, planes for the scatter, the engine's counting sort), so agreement to the bit
+// checks both the CUDA sequence and the claim that the two backends evaluate the same
+// arithmetic. No GPU needed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,22 +17,13 @@
 #include <vector>
 
 #include "deform_conv2d_test_util.h"
-#include "detops/detail/deform_conv2d_kernels.h"
-#include "detops/detail/gather_backward.h"
-#include "detops/detail/strided.h"
+#include "emulated_device.h"
 #include "internal/common.h"
 #include "internal/deform_conv2d_backend.h"
+#include "internal/deform_conv2d_device.h"
 
 namespace detops {
 namespace {
-
-using internal::dc_strides;
-
-/// Runs body(t) for every thread index of a launch over n threads, in order.
-template <class Body>
-void grid(std::int64_t n, const Body& body) {
-  for (std::int64_t t = 0; t < n; ++t) body(t);
-}
 
 template <class T>
 internal::DeformConv2dCall make_call(const test::DeformConv2dTensors& t, const test::DeformConv2dProblem& p) {
@@ -49,139 +42,38 @@ internal::DeformConv2dCall make_call(const test::DeformConv2dTensors& t, const t
   return call;
 }
 
-/// cuda/deform_conv2d_cuda.cu's executor (CudaSteps), launch by launch: each step runs its
-/// kernel's body over the emulated grid. The exact mode's sort is CUB's: a stable sort by key,
-/// runs cut with the sentinel's kept; its phase 3 in either thread order (`channels_fastest`).
-template <class T>
-struct EmulatedSteps {
-  using A = acc_t<T>;
-  const internal::DeformConv2dCall& call;
-  BackwardMode mode = BackwardMode::kExact;
-  bool channels_fastest = false;
-
-  const detail::DeformConv2dShape& s() const { return call.shape; }
-  void widen_weight(A* w) const {
-    grid(s().Cout * s().group_in() * s().taps(), [&](std::int64_t i) {
-      detail::deform_conv2d_weight_element(i, static_cast<const T*>(call.weight.data), dc_strides(call.weight), s(), w);
-    });
-  }
-  void columns(const detail::DeformConv2dArgs<T>& f, std::int64_t n0, std::int64_t images, bool transposed,
-               A* col) const {
-    const std::int64_t Q = images * s().positions();
-    grid(s().rows() * Q, [&](std::int64_t i) { detail::deform_conv2d_column_element(i, f, n0, Q, transposed, col); });
-  }
-  void gemm(const detail::DeformGemmArgs<A>& g) const {
-    grid(g.G * ((g.M + detail::kDeformGemmRows - 1) / detail::kDeformGemmRows) * g.N,
-         [&](std::int64_t t) { detail::deform_gemm_element(t, g); });
-  }
-  void output(std::int64_t n0, std::int64_t Q, const A* acc) const {
-    const T* bias = s().has_bias ? static_cast<const T*>(call.bias.data) : nullptr;
-    const std::int64_t bs = s().has_bias ? call.bias.strides[0] : 0;
-    grid(s().Cout * Q, [&](std::int64_t i) {
-      detail::deform_conv2d_output_element(i, acc, Q, bias, bs, s(), n0, static_cast<T*>(call.output.data),
-                                           dc_strides(call.output));
-    });
-  }
-  void zero_grad_input() const {
-    const TensorView& gi = call.grads.grad_input;
-    grid(gi.numel(), [&](std::int64_t i) {
-      detail::fill_zero_element(i, static_cast<T*>(gi.data), dc_strides(gi), gi.sizes[1], gi.sizes[2], gi.sizes[3]);
-    });
-  }
-  void zero(A* p, std::int64_t n) const { std::fill(p, p + n, A(0)); }
-  void grad_output(std::int64_t n0, std::int64_t Q, A* go) const {
-    grid(s().Cout * Q, [&](std::int64_t i) {
-      detail::deform_conv2d_grad_output_element(i, static_cast<const T*>(call.grad_output.data),
-                                                dc_strides(call.grad_output), s(), n0, Q, go);
-    });
-  }
-  void bias(const A* go, std::int64_t Q, A* sums, bool last) const {
-    grid(s().Cout, [&](std::int64_t i) {
-      detail::deform_conv2d_bias_element(i, go, Q, sums, last, static_cast<T*>(call.grads.grad_bias.data),
-                                         call.grads.grad_bias.strides[0]);
-    });
-  }
-  void offsets(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
-    T* mask = s().has_mask ? static_cast<T*>(call.grads.grad_mask.data) : nullptr;
-    grid(images * s().offset_groups * s().taps() * s().positions(), [&](std::int64_t i) {
-      detail::deform_conv2d_offset_element(i, a, static_cast<T*>(call.grads.grad_offset.data),
-                                           dc_strides(call.grads.grad_offset), mask, dc_strides(call.grads.grad_mask));
-    });
-  }
-  void input(const detail::DeformConv2dBackwardArgs<T>& a, std::int64_t images) const {
-    T* gi = static_cast<T*>(call.grads.grad_input.data);
-    const detail::Strides4 gis = dc_strides(call.grads.grad_input);
-    if (mode == BackwardMode::kAtomic) {  // atomicAdd in thread order
-      const auto add = [gi](std::int64_t o, A v) { gi[o] = from_acc<T>(to_acc(gi[o]) + v); };
-      grid(s().rows() * a.Q, [&](std::int64_t i) { detail::deform_conv2d_scatter_element(i, a, gis, add); });
-      return;
-    }
-    const std::int64_t points = images * s().offset_groups * s().taps() * s().positions(), n = points * 4;
-    const auto sentinel = static_cast<std::uint64_t>(internal::deform_exact_positions(s()));
-    const auto size = static_cast<std::size_t>(n);
-    std::vector<std::uint64_t> keys(size), sorted_keys(size);
-    std::vector<std::int64_t> ids(size), sorted_ids(size), sources(size), sorted_sources(size);
-    std::vector<A> weights(size), sorted_weights(size);
-    const detail::GatherRecords<A> rec{keys.data(), ids.data(), weights.data(), sources.data()};
-    grid(points, [&](std::int64_t i) { detail::deform_conv2d_enumerate_element(i, a, sentinel, rec); });
-    std::vector<std::int64_t> order(ids.begin(), ids.end());
-    std::stable_sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) { return keys[x] < keys[y]; });
-    for (std::int64_t q = 0; q < n; ++q) {
-      sorted_ids[q] = order[q];
-      sorted_keys[q] = keys[order[q]];
-      detail::gather_permute_record(q, sorted_ids.data(), weights.data(), sources.data(), sorted_weights.data(),
-                                    sorted_sources.data());
-    }
-    std::vector<std::uint64_t> run_keys;
-    std::vector<std::int64_t> run_offsets, run_lengths;
-    for (std::int64_t q = 0; q < n;) {
-      std::int64_t e = q + 1;
-      while (e < n && sorted_keys[e] == sorted_keys[q]) ++e;
-      run_keys.push_back(sorted_keys[q]);
-      run_offsets.push_back(q);
-      run_lengths.push_back(e - q);
-      q = e;
-    }
-    const auto runs = static_cast<std::int64_t>(run_keys.size());
-    const std::int64_t cog = s().offset_group_channels();
-    const detail::GatherSumArgs<T, A, A> sa{
-        {run_keys.data(), run_offsets.data(), run_lengths.data(), sorted_weights.data(), sorted_sources.data()},
-        a.grad_col, s().taps() * a.Q, gi, gis.s1, cog, sentinel, detail::kGatherPartial};
-    const detail::DeformConv2dTarget target{a.n0, s().offset_groups, cog, s().H, s().W, gis};
-    grid(runs * cog, [&](std::int64_t i) { detail::gather_run_element(i, sa, runs, channels_fastest, target); });
-  }
-  void store_weight(const A* sums) const {
-    grid(s().Cout * s().group_in() * s().taps(), [&](std::int64_t i) {
-      detail::deform_conv2d_store_weight_element(i, sums, s(), static_cast<T*>(call.grads.grad_weight.data),
-                                                 dc_strides(call.grads.grad_weight));
-    });
-  }
-};
-
 /// p rounded up to the workspace alignment (the backends' workspaces are aligned).
 void* aligned(unsigned char* p) {
   constexpr std::uintptr_t a = internal::WorkspaceLayout::kAlign;
   return reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p) + a - 1) / a * a);
 }
 
-/// The CUDA backend's forward: the shared sequence of steps, each emulated.
+/// Workspace of `bytes` (aligned) filled with a pattern, so a step that reads memory no step
+/// wrote (a missing zero fill) changes the result.
+struct PoisonedWorkspace {
+  std::vector<unsigned char> storage;
+  Workspace ws;
+  explicit PoisonedWorkspace(std::size_t bytes) : storage(bytes + internal::WorkspaceLayout::kAlign, 0x7f) {
+    ws = Workspace{aligned(storage.data()), bytes};
+  }
+};
+
+/// The CUDA backend's forward: its own steps (internal/deform_conv2d_device.h) on the emulated device.
 template <class T>
 Tensor emulate_forward(const test::DeformConv2dTensors& t, const test::DeformConv2dProblem& p, Layout layout) {
   internal::DeformConv2dCall call = make_call<T>(t, p);
   Tensor out = Tensor::empty({p.N, p.Cout, p.Ho(), p.Wo()}, t.input.view().dtype, Device::cpu(), layout);
   call.output = out.view();
-  const std::size_t bytes = internal::deform_forward_workspace_bytes(call);
-  std::vector<unsigned char> ws(bytes + internal::WorkspaceLayout::kAlign);
-  EmulatedSteps<T> x{call};
-  internal::deform_forward_steps<T>(call, Workspace{aligned(ws.data()), bytes}, x);
+  PoisonedWorkspace ws(internal::deform_forward_workspace_bytes(call));
+  internal::deform_forward_on<T>(test::EmulatedDevice{}, call, ws.ws);
   return out;
 }
 
-/// The CUDA backend's backward: the shared sequence of steps, each emulated.
+/// The CUDA backend's backward: its own steps on the emulated device (the exact mode's phase 3
+/// runs channel-fastest for an NHWC grad_input, as on the GPU).
 template <class T>
 test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const test::DeformConv2dProblem& p,
-                                       Layout layout, BackwardMode mode, bool channels_fastest) {
-  using A = acc_t<T>;
+                                       Layout layout, BackwardMode mode) {
   const DType dt = t.input.view().dtype;
   internal::DeformConv2dCall call = make_call<T>(t, p);
   test::DeformConv2dRun r;
@@ -196,18 +88,24 @@ test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const
   if (p.has_bias) r.grad_bias = Tensor::empty({p.Cout}, dt);
   call.grads = {r.grad_input.view(), r.grad_weight.view(), r.grad_offset.view(), r.grad_mask.view(),
                 r.grad_bias.view()};
-  internal::WorkspaceLayout l;
-  internal::add_deform_backward<A>(l, call.shape, internal::deform_wants(call));
-  std::vector<unsigned char> ws(l.bytes() + internal::WorkspaceLayout::kAlign);
-  l.bind(aligned(ws.data()));
-  EmulatedSteps<T> x{call, mode, channels_fastest};
-  internal::deform_backward_steps<T>(call, internal::take_deform_backward<A>(l), x);
+  const test::EmulatedDevice dev;
+  PoisonedWorkspace ws(internal::deform_backward_workspace_on(dev, call, mode));
+  internal::deform_backward_on<T>(dev, call, mode, ws.ws);
   return r;
 }
 
 void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
   if (!want.view().defined()) return;
   EXPECT_TRUE(test::same_bytes(got, want)) << what;
+}
+
+void expect_same_gradients(const test::DeformConv2dRun& got, const test::DeformConv2dRun& want,
+                           const std::string& what) {
+  expect_same(got.grad_input, want.grad_input, what + " grad_input");
+  expect_same(got.grad_weight, want.grad_weight, what + " grad_weight");
+  expect_same(got.grad_offset, want.grad_offset, what + " grad_offset");
+  expect_same(got.grad_mask, want.grad_mask, what + " grad_mask");
+  expect_same(got.grad_bias, want.grad_bias, what + " grad_bias");
 }
 
 TEST(DeformConv2dEmulated, KernelBodiesMatchTheCpuBackendBitwise) {
@@ -230,19 +128,29 @@ TEST(DeformConv2dEmulated, KernelBodiesMatchTheCpuBackendBitwise) {
           internal::dispatch_floating(dt, [&](auto tag) {
             using T = decltype(tag);
             if (mode == BackwardMode::kExact) expect_same(emulate_forward<T>(t, p, layout), want.output, what + " output");
-            for (bool fastest : {false, true}) {
-              if (mode == BackwardMode::kAtomic && fastest) continue;  // one scatter order
-              const test::DeformConv2dRun got = emulate_backward<T>(t, p, layout, mode, fastest);
-              const std::string w = what + (fastest ? " channels fastest" : "");
-              expect_same(got.grad_input, want.grad_input, w + " grad_input");
-              expect_same(got.grad_weight, want.grad_weight, w + " grad_weight");
-              expect_same(got.grad_offset, want.grad_offset, w + " grad_offset");
-              expect_same(got.grad_mask, want.grad_mask, w + " grad_mask");
-              expect_same(got.grad_bias, want.grad_bias, w + " grad_bias");
-            }
+            expect_same_gradients(emulate_backward<T>(t, p, layout, mode), want, what);
           });
         }
       }
+    }
+  }
+}
+
+TEST(DeformConv2dEmulated, ChunkedBatchMatchesTheCpuBackendBitwise) {
+  // 7 images of 663552 column elements each: the 2^22 budget holds 6, so the CUDA sequence runs a
+  // chunk of 6 and a chunk of 1 (images offset by n0, grad_weight's sums continued across chunks).
+  DeformConv2dOptions o{};
+  o.pad_h = o.pad_w = 1;
+  const test::DeformConv2dConfig c{7, 32, 48, 48, 2, 3, 3, 1, 1, o, true, true};
+  static_assert(6 * 32 * 9 * 48 * 48 <= (1 << 22) && 7 * 32 * 9 * 48 * 48 > (1 << 22), "two chunks");
+  const test::DeformConv2dProblem p = test::make_deform_problem(c, 901);
+  for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+    const test::DeformConv2dTensors t = test::deform_tensors(p, DType::kFloat32, layout);
+    for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
+      const std::string what = std::string(layout == Layout::kNHWC ? "nhwc " : "nchw ") + to_string(mode);
+      const test::DeformConv2dRun want = test::run_deform_conv2d(p, DType::kFloat32, layout, mode, 2);
+      if (mode == BackwardMode::kExact) expect_same(emulate_forward<float>(t, p, layout), want.output, what + " output");
+      expect_same_gradients(emulate_backward<float>(t, p, layout, mode), want, what);
     }
   }
 }

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Mutation check of the CUDA step sequences (issue 28): each mutation edits code the GPU runs
+(src/internal/*device*.h: a launch argument, a grid size, a zero fill, the sort's bit range, the
+order of two steps, the workspace's carving), rebuilds the op's emulated test and expects it to
+fail. Not part of CI (a rebuild per mutation, about 7 s each here); run it after changing a step
+sequence or its emulated test:
+
+    scripts/mutate_cuda_steps.py [--build build]   # a configured build with tests
+
+Each file is restored after its mutation, also when the script is interrupted.
+"""
+
+import argparse
+import pathlib
+import subprocess
+import sys
+
+D = "src/internal/deform_conv2d_device.h"
+S = "src/internal/device_steps.h"
+SORT = """  dev.sort_pairs(b.temp, b.temp_bytes, b.records.keys, b.sorted_keys, b.records.ids, b.sorted_ids, n,
+                 detail::gather_key_bits(sentinel));
+"""
+PERM = """  dev.launch("gather_permute_records", n,
+             GatherPermuteBody<A>{b.sorted_ids, b.records.weights, b.records.sources, b.sorted_weights,
+                                  b.sorted_sources});
+"""
+# (name, file, original text, mutated text): the deform_conv2d sequence and the engine's phases.
+DEFORM_CONV2D = [
+    ("drop the grad_input zero fill", D, "void zero_grad_input() const { zero_fill<T>(dev, call.grads.grad_input); }",
+     "void zero_grad_input() const {}"),
+    ("drop the running sums' zero fill", D, "if (n > 0) dev.zero(p, sizeof(A) * static_cast<std::size_t>(n));",
+     "(void)p; (void)n;"),
+    ("wrong launch argument: columns of the previous image", D, "ColumnBody<T>{f, n0, Q, transposed, col}",
+     "ColumnBody<T>{f, n0 > 0 ? n0 - 1 : n0, Q, transposed, col}"),
+    ("wrong launch argument: bias sums never stored", D, "BiasBody<T>{go, Q, sums, last,", "BiasBody<T>{go, Q, sums, false,"),
+    ("grid one thread short: offsets", D, "images * s().offset_groups * s().taps() * s().positions(),\n               OffsetBody",
+     "images * s().offset_groups * s().taps() * s().positions() - 1,\n               OffsetBody"),
+    ("shrink the enumerated records", D, 'dev.launch("deform_enumerate", points,', 'dev.launch("deform_enumerate", points - 1,'),
+    ("sort by one bit too few", S, "detail::gather_key_bits(sentinel));\n  dev.launch(\"gather_permute",
+     "detail::gather_key_bits(sentinel) - 1);\n  dev.launch(\"gather_permute"),
+    ("drop the run lengths' zero fill", S, "  dev.zero(b.run_lengths, static_cast<std::size_t>(n) * sizeof(std::int64_t));\n", ""),
+    ("swap the sort and the permutation", S, SORT + PERM, PERM + SORT),
+    ("swap the scan and the run-length encode", S,
+     "  dev.run_length_encode(b.temp, b.temp_bytes, b.sorted_keys, b.run_keys, b.run_lengths, b.num_runs, n);\n  dev.exclusive_sum(b.temp, b.temp_bytes, b.run_lengths, b.run_offsets, n);\n",
+     "  dev.exclusive_sum(b.temp, b.temp_bytes, b.run_lengths, b.run_offsets, n);\n  dev.run_length_encode(b.temp, b.temp_bytes, b.sorted_keys, b.run_keys, b.run_lengths, b.num_runs, n);\n"),
+    ("no temporary storage reserved", D, "add_gather<A>(l, deform_exact_records(call.shape), temp_bytes);",
+     "add_gather<A>(l, deform_exact_records(call.shape), 0);"),
+    ("phase 3 over half the runs", D, "static_cast<std::int64_t>(sentinel) + 1);", "static_cast<std::int64_t>(sentinel) + 1) / 2;"),
+    #("phase 3 in the other thread order", D, "gather_sum(dev, sa, gather.num_runs, max_runs, channels_innermost(call.grads.grad_input),",
+    ("atomic scatter over one row", D, 'dev.launch("deform_scatter", s().rows() * a.Q,', 'dev.launch("deform_scatter", a.Q,'),
+    ("gemm grid from the wrong rows per thread", D, "((g.M + detail::kDeformGemmRows - 1) / detail::kDeformGemmRows) * g.N",
+     "((g.M + 2 * detail::kDeformGemmRows - 1) / (2 * detail::kDeformGemmRows)) * g.N"),
+]
+
+SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    build = (root / ap.parse_args().build).resolve()
+    missed = 0
+    for target, mutations in SUITES:
+        for name, path, old, new in mutations:
+            p = root / path
+            text = p.read_text()
+            if text.count(old) != 1:
+                print(f"{target}: {name}: the original text occurs {text.count(old)} times; update the mutation")
+                missed += 1
+                continue
+            p.write_text(text.replace(old, new))
+            try:
+                b = subprocess.run(["cmake", "--build", str(build), "--target", target], capture_output=True, text=True)
+                if b.returncode != 0:
+                    print(f"{target}: {name}: the mutant does not build\n{b.stdout[-1500:]}")
+                    missed += 1
+                    continue
+                r = subprocess.run([str(build / "tests" / target), "--gtest_brief=1"], capture_output=True, text=True)
+                caught = r.returncode != 0
+                missed += not caught
+                print(f"{target}: {name}: {'caught' if caught else 'NOT CAUGHT'} (exit {r.returncode})", flush=True)
+            finally:
+                p.write_text(text)
+        subprocess.run(["cmake", "--build", str(build), "--target", target], capture_output=True)
+    print(f"{missed} mutations not caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+// The emulated binding of the device interface (src/internal/device_steps.h): the CUDA backend's
+// step sequences run on the CPU, launch by launch. A launch runs its body for every thread index
+// in order; the stand-ins for CUB keep CUB's contracts: a stable sort by the key bits
+// [0, end_bit) only, run-length encode and exclusive scan (over counts: a negative or
+// overflowing input, i.e. memory no step wrote, is an error), each refusing temporary storage
+// smaller than its own query and scribbling over the storage it is given (so a temporary
+// buffer carved over a live one shows). The atomic add is a plain add in thread order.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "detops/dtype.h"
+#include "internal/common.h"
+
+namespace detops {
+namespace test {
+
+struct EmulatedDevice {
+  const char* op = "emulated";
+  /// Every launch, as "name:threads", in order (for tests of the sequence itself).
+  std::vector<std::string>* trace = nullptr;
+
+  template <class T>
+  struct Add {
+    T* base;
+    void operator()(std::int64_t offset, acc_t<T> v) const {
+      base[offset] = from_acc<T>(to_acc(base[offset]) + v);
+    }
+  };
+
+  template <class Body>
+  void launch(const char* name, std::int64_t n, const Body& body) const {
+    if (n <= 0) return;
+    if (trace) trace->push_back(std::string(name) + ":" + std::to_string(n));
+    const Body copy = body;  // a kernel gets its arguments by value
+    for (std::int64_t t = 0; t < n; ++t) copy(t);
+  }
+  void zero(void* p, std::size_t bytes) const {
+    if (bytes > 0) std::memset(p, 0, bytes);
+  }
+
+  // Temporary sizes of the stand-ins: what a sort of n pairs would need, and a little for the
+  // others, so a layout that forgets to reserve it overlaps something.
+  std::size_t sort_pairs_bytes(std::int64_t n, int end_bit) const {
+    return static_cast<std::size_t>(n) * 16 + static_cast<std::size_t>(end_bit) + 64;
+  }
+  std::size_t run_length_encode_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) + 32; }
+  std::size_t exclusive_sum_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) / 2 + 16; }
+
+  void sort_pairs(void* temp, std::size_t bytes, const std::uint64_t* keys_in, std::uint64_t* keys_out,
+                  const std::int64_t* ids_in, std::int64_t* ids_out, std::int64_t n, int end_bit) const {
+    use_temp(temp, bytes, sort_pairs_bytes(n, end_bit), "sort_pairs");
+    if (end_bit < 1 || end_bit > 64) throw std::logic_error("sort_pairs: end_bit out of [1, 64]");
+    const std::uint64_t mask = end_bit == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << end_bit) - 1;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+      return (keys_in[a] & mask) < (keys_in[b] & mask);
+    });
+    for (std::int64_t i = 0; i < n; ++i) {
+      keys_out[i] = keys_in[order[static_cast<std::size_t>(i)]];
+      ids_out[i] = ids_in[order[static_cast<std::size_t>(i)]];
+    }
+  }
+  void run_length_encode(void* temp, std::size_t bytes, const std::uint64_t* in, std::uint64_t* unique,
+                         std::int64_t* counts, std::int64_t* num_runs, std::int64_t n) const {
+    use_temp(temp, bytes, run_length_encode_bytes(n), "run_length_encode");
+    std::int64_t runs = 0;
+    for (std::int64_t i = 0; i < n;) {
+      std::int64_t e = i + 1;
+      while (e < n && in[e] == in[i]) ++e;
+      unique[runs] = in[i];
+      counts[runs] = e - i;
+      ++runs;
+      i = e;
+    }
+    *num_runs = runs;
+  }
+  void exclusive_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+    use_temp(temp, bytes, exclusive_sum_bytes(n), "exclusive_sum");
+    std::int64_t sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t v = in[i];
+      out[i] = sum;
+      // Counts never overflow: a sum that does read memory no step wrote (the poisoned workspace).
+      if (v < 0 || __builtin_add_overflow(sum, v, &sum))
+        throw std::logic_error("exclusive_sum: input " + std::to_string(i) + " is " + std::to_string(v) +
+                               " after a sum of " + std::to_string(out[i]) + "; expected written counts");
+    }
+  }
+
+ private:
+  static void use_temp(void* temp, std::size_t bytes, std::size_t needed, const char* what) {
+    if (temp == nullptr || bytes < needed)
+      throw std::logic_error(std::string(what) + ": temporary storage of " + std::to_string(bytes) + " bytes; " +
+                             std::to_string(needed) + " needed");
+    std::memset(temp, 0xA5, bytes);
+  }
+};
+
+}  // namespace test
+}  // namespace detops
