@@ -7,7 +7,10 @@ sequence or its emulated test:
 
     scripts/mutate_cuda_steps.py [--build build]   # a configured build with tests
 
-Each file is restored after its mutation, also when the script is interrupted.
+Each file is restored after its mutation, also when the script is interrupted. Equivalent
+mutants are left out: flipping a thread-order flag (phase 3's, the atomic scatter's) changes which
+thread writes which element, not any element's sum order, so no result can show it; a larger
+sentinel than needed still sorts last and is skipped.
 """
 
 import argparse
@@ -52,7 +55,39 @@ DEFORM_CONV2D = [
      "((g.M + 2 * detail::kDeformGemmRows - 1) / (2 * detail::kDeformGemmRows)) * g.N"),
 ]
 
-SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D)]
+G = "src/internal/grid_sample_device.h"
+GRID_SAMPLE = [
+    ("drop the grad_input zero fill", G, "    zero_fill<T>(dev, call.grad_input);\n", ""),
+    ("forward grid one thread short", G, 'dev.launch("grid_sample_forward", call.output.numel(),',
+     'dev.launch("grid_sample_forward", call.output.numel() - 1,'),
+    ("wrong launch argument: enumerate the first chunk's images", G, "EnumerateBody<T>{a, n0, sentinel, b.records}",
+     "EnumerateBody<T>{a, 0, sentinel, b.records}"),
+    ("records of the last chunk sized as a full one", G, "const std::int64_t points = std::min(ch.images, s.N - n0) * s.Ho * s.Wo;",
+     "const std::int64_t points = ch.images * s.Ho * s.Wo;"),
+    ("sentinel one short", G, "const auto sentinel = static_cast<std::uint64_t>(ch.positions);",
+     "const auto sentinel = static_cast<std::uint64_t>(ch.positions) - 1;"),
+    ("grad_grid over the first image only", G, 'dev.launch("grid_sample_grad_grid", s.N * s.Ho * s.Wo,',
+     'dev.launch("grid_sample_grad_grid", s.Ho * s.Wo,'),
+    ("atomic scatter over half the points", G, 'dev.launch("grid_sample_scatter", n,', 'dev.launch("grid_sample_scatter", n / 2,'),
+]
+
+M = "src/internal/ms_deform_attn_device.h"
+MS_DEFORM_ATTN = [
+    ("drop grad_value's zero fill", M, '  dev.launch("msda_zero_value", n,', '  if (false) dev.launch("msda_zero_value", n,'),
+    ("records of the first chunk's planes in every chunk", M, "RecordsBody<T, Loc>{a, plane0, sentinel, buf.records}",
+     "RecordsBody<T, Loc>{a, 0, sentinel, buf.records}"),
+    ("sums aimed at the first chunk's planes", M, "msda_value_target(call, plane0));", "msda_value_target(call, 0));"),
+    ("sentinel one short", M, "const auto sentinel = static_cast<std::uint64_t>(planes * sh.S);",
+     "const auto sentinel = static_cast<std::uint64_t>(planes * sh.S) - 1;"),
+    ("location gradients for the first batch only", M, 'dev.launch("msda_location_grad", sh.B * sh.Q * sh.M * sh.L * sh.P,',
+     'dev.launch("msda_location_grad", sh.Q * sh.M * sh.L * sh.P,'),
+    ("atomic scatter over one channel", M, 'dev.launch("msda_scatter", sh.B * sh.Q * sh.M * sh.D,',
+     'dev.launch("msda_scatter", sh.B * sh.Q * sh.M,'),
+    ("forward one thread short", M, 'dev.launch("msda_forward", call.output.numel(),', 'dev.launch("msda_forward", call.output.numel() - 1,'),
+]
+
+SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
+          ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN)]
 
 
 def main():

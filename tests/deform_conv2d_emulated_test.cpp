@@ -42,29 +42,13 @@ internal::DeformConv2dCall make_call(const test::DeformConv2dTensors& t, const t
   return call;
 }
 
-/// p rounded up to the workspace alignment (the backends' workspaces are aligned).
-void* aligned(unsigned char* p) {
-  constexpr std::uintptr_t a = internal::WorkspaceLayout::kAlign;
-  return reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p) + a - 1) / a * a);
-}
-
-/// Workspace of `bytes` (aligned) filled with a pattern, so a step that reads memory no step
-/// wrote (a missing zero fill) changes the result.
-struct PoisonedWorkspace {
-  std::vector<unsigned char> storage;
-  Workspace ws;
-  explicit PoisonedWorkspace(std::size_t bytes) : storage(bytes + internal::WorkspaceLayout::kAlign, 0x7f) {
-    ws = Workspace{aligned(storage.data()), bytes};
-  }
-};
-
 /// The CUDA backend's forward: its own steps (internal/deform_conv2d_device.h) on the emulated device.
 template <class T>
 Tensor emulate_forward(const test::DeformConv2dTensors& t, const test::DeformConv2dProblem& p, Layout layout) {
   internal::DeformConv2dCall call = make_call<T>(t, p);
   Tensor out = Tensor::empty({p.N, p.Cout, p.Ho(), p.Wo()}, t.input.view().dtype, Device::cpu(), layout);
   call.output = out.view();
-  PoisonedWorkspace ws(internal::deform_forward_workspace_bytes(call));
+  test::PoisonedWorkspace ws(internal::deform_forward_workspace_bytes(call));
   internal::deform_forward_on<T>(test::EmulatedDevice{}, call, ws.ws);
   return out;
 }
@@ -89,7 +73,7 @@ test::DeformConv2dRun emulate_backward(const test::DeformConv2dTensors& t, const
   call.grads = {r.grad_input.view(), r.grad_weight.view(), r.grad_offset.view(), r.grad_mask.view(),
                 r.grad_bias.view()};
   const test::EmulatedDevice dev;
-  PoisonedWorkspace ws(internal::deform_backward_workspace_on(dev, call, mode));
+  test::PoisonedWorkspace ws(internal::deform_backward_workspace_on(dev, call, mode));
   internal::deform_backward_on<T>(dev, call, mode, ws.ws);
   return r;
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "detops/context.h"
 #include "detops/dtype.h"
 #include "internal/common.h"
 
@@ -102,6 +103,18 @@ struct EmulatedDevice {
       throw std::logic_error(std::string(what) + ": temporary storage of " + std::to_string(bytes) + " bytes; " +
                              std::to_string(needed) + " needed");
     std::memset(temp, 0xA5, bytes);
+  }
+};
+
+/// A workspace of `bytes` (aligned as the backends' are) filled with a pattern, so a step that
+/// reads memory no step wrote (a missing zero fill) changes the result.
+struct PoisonedWorkspace {
+  std::vector<unsigned char> storage;
+  Workspace ws;
+  explicit PoisonedWorkspace(std::size_t bytes) : storage(bytes + internal::WorkspaceLayout::kAlign, 0x7f) {
+    constexpr std::uintptr_t a = internal::WorkspaceLayout::kAlign;
+    const auto p = reinterpret_cast<std::uintptr_t>(storage.data());
+    ws = Workspace{reinterpret_cast<void*>((p + a - 1) / a * a), bytes};
   }
 };
 
