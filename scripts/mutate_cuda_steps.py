@@ -10,7 +10,8 @@ sequence or its emulated test:
 Each file is restored after its mutation, also when the script is interrupted. Equivalent
 mutants are left out: flipping a thread-order flag (phase 3's, the atomic scatter's) changes which
 thread writes which element, not any element's sum order, so no result can show it; a larger
-sentinel than needed still sorts last and is skipped.
+sentinel than needed still sorts last and is skipped; FrozenBatchNorm2d's generic bodies where the
+vector ones fit give the same bits by design.
 """
 
 import argparse
@@ -86,8 +87,22 @@ MS_DEFORM_ATTN = [
     ("forward one thread short", M, 'dev.launch("msda_forward", call.output.numel(),', 'dev.launch("msda_forward", call.output.numel() - 1,'),
 ]
 
+F = "src/internal/frozen_batch_norm_device.h"
+FROZEN_BN = [
+    ("vector bodies with the other layout's lanes", F,
+     'if (plan.nhwc) dev.launch("frozen_bn_forward_vec", nvec, ForwardVecBody<T, V, kAdd, kRelu, true>{plan.args});',
+     'if (plan.nhwc) dev.launch("frozen_bn_forward_vec", nvec, ForwardVecBody<T, V, kAdd, kRelu, false>{plan.args});'),
+    ("backward vector grid one vector short", F,
+     'else dev.launch("frozen_bn_backward_vec", nvec, BackwardVecBody', 'else dev.launch("frozen_bn_backward_vec", nvec - 1, BackwardVecBody'),
+    ("generic forward one thread short", F, 'dev.launch("frozen_bn_forward", n, ForwardBody<T>{p});',
+     'dev.launch("frozen_bn_forward", n - 1, ForwardBody<T>{p});'),
+    ("the residual dropped from the generic bodies", F, "make_frozen_bn_args<T>(call, kAdd, kRelu);",
+     "make_frozen_bn_args<T>(call, false, kRelu);"),
+]
+
 SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
-          ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN)]
+          ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN),
+          ("detops_frozen_batch_norm_emulated_test", FROZEN_BN)]
 
 
 def main():

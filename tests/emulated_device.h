@@ -36,12 +36,32 @@ struct EmulatedDevice {
     }
   };
 
+  /// With block > 0: each launch runs as a grid-stride loop over `blocks` blocks of `block`
+  /// threads, block by block, thread by thread (a grid smaller than n makes threads loop), and
+  /// checks that every index in [0, n) is visited exactly once. Otherwise indices in order (what
+  /// the launcher's grid gives for any n below 2^28).
+  std::int64_t block = 0, blocks = 0;
+
   template <class Body>
   void launch(const char* name, std::int64_t n, const Body& body) const {
     if (n <= 0) return;
     if (trace) trace->push_back(std::string(name) + ":" + std::to_string(n));
     const Body copy = body;  // a kernel gets its arguments by value
-    for (std::int64_t t = 0; t < n; ++t) copy(t);
+    if (block <= 0) {
+      for (std::int64_t t = 0; t < n; ++t) copy(t);
+      return;
+    }
+    std::vector<unsigned char> visits(static_cast<std::size_t>(n), 0);
+    for (std::int64_t b = 0; b < blocks; ++b)
+      for (std::int64_t t = 0; t < block; ++t)
+        for (std::int64_t i = b * block + t; i < n; i += block * blocks) {
+          ++visits[static_cast<std::size_t>(i)];
+          copy(i);
+        }
+    for (unsigned char v : visits)
+      if (v != 1)
+        throw std::logic_error(std::string(name) + ": a grid of " + std::to_string(blocks) + " x " +
+                               std::to_string(block) + " did not visit every index once");
   }
   void zero(void* p, std::size_t bytes) const {
     if (bytes > 0) std::memset(p, 0, bytes);

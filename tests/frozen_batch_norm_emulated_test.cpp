@@ -1,12 +1,11 @@
-// FrozenBatchNorm2d's CUDA kernel bodies (detops/detail/frozen_batch_norm_math.h: the dense
-// 16-byte vector bodies and the generic element bodies) run on the CPU over emulated grids (every
-// block and thread index of a grid-stride launch, in order), against the CPU backend, byte for
-// byte over whole poisoned storages (so gaps a kernel must not touch are compared too). The CPU
-// backend walks planes and channel rows with its own loops (and F16C staging for float16), so
-// agreement checks the kernels' lane-to-channel indexing and the claim that both backends do
-// the same arithmetic. The vector bodies run where the CUDA launcher would take them
-// (frozen_bn_vec_plan, shared with cuda/frozen_batch_norm_cuda.cu); the generic bodies run on
-// every layout, dense ones included. No GPU needed.
+// FrozenBatchNorm2d's CUDA backend run on the CPU: its own steps (internal/frozen_batch_norm_device.h,
+// the code cuda/frozen_batch_norm_cuda.cu runs on CudaDevice: the dense 16-byte vector bodies where
+// frozen_bn_vec_plan takes them, the generic element bodies otherwise) on the emulated device over
+// several grids (every block and thread index of a grid-stride launch, in order), against the CPU
+// backend, byte for byte over whole poisoned storages (so gaps a kernel must not touch are compared
+// too). The CPU backend walks planes and channel rows with its own loops (and F16C staging for
+// float16), so agreement checks the kernels' lane-to-channel indexing and the claim that both
+// backends do the same arithmetic. The generic bodies also run on the dense layouts. No GPU needed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,7 +18,9 @@
 
 #include "detops/detail/frozen_batch_norm_math.h"
 #include "detops/frozen_batch_norm.h"
+#include "emulated_device.h"
 #include "internal/frozen_batch_norm_backend.h"
+#include "internal/frozen_batch_norm_device.h"
 #include "frozen_batch_norm_test_util.h"
 #include "test_util.h"
 
@@ -49,20 +50,12 @@ Grid launcher_grid(std::int64_t n) {
 /// and the last pass covers part of the grid; two blocks of 7 threads (partial warps).
 std::vector<Grid> grids_for(std::int64_t n) { return {launcher_grid(n), {32, 3}, {7, 2}}; }
 
-/// body(i) for every index DETOPS_GRID_STRIDE(i, n) gives each thread of the grid, block by
-/// block, thread by thread. Fails unless every index in [0, n) is visited exactly once.
-template <class F>
-void emulate_grid(std::int64_t n, Grid g, F&& body) {
-  std::vector<int> visits(static_cast<std::size_t>(n), 0);
-  for (std::int64_t b = 0; b < g.blocks; ++b)
-    for (std::int64_t t = 0; t < g.block; ++t)
-      for (std::int64_t i = b * g.block + t; i < n; i += g.block * g.blocks) {
-        ++visits[static_cast<std::size_t>(i)];
-        body(i);
-      }
-  std::int64_t wrong = 0;
-  for (int v : visits) wrong += v != 1;
-  EXPECT_EQ(wrong, 0) << "indices not visited exactly once by a grid of " << g.blocks << " x " << g.block;
+/// The emulated device running its launches on grid g.
+test::EmulatedDevice device_on(Grid g) {
+  test::EmulatedDevice dev;
+  dev.block = g.block;
+  dev.blocks = g.blocks;
+  return dev;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -105,35 +98,19 @@ Tensor param(const std::vector<double>& v, DType dt) {
 // ---------------------------------------------------------------------------------------------
 // The kernels, emulated
 
-/// The vector bodies the CUDA launcher picks for `call` (frozen_bn_vec_plan must take them) over
-/// grid g, writing the call's outputs.
-template <class T>
-void emulate_vector(const FrozenBnCall& call, Grid g) {
-  const internal::FrozenBnVecPlan<T> plan = internal::frozen_bn_vec_plan<T>(call);
-  ASSERT_TRUE(plan.use);
-  constexpr int V = internal::frozen_bn_vector_width<T>();
-  const detail::FrozenBnVecArgs<T>& p = plan.args;
-  internal::dispatch_epilogue(call, [&](auto add, auto relu) {
-    constexpr bool kAdd = decltype(add)::value, kRelu = decltype(relu)::value;
-    if (!call.backward) {
-      if (plan.nhwc) emulate_grid(p.nvec, g, [&](std::int64_t v) { detail::frozen_bn_forward_vec<T, V, kAdd, kRelu, true>(v, p); });
-      else emulate_grid(p.nvec, g, [&](std::int64_t v) { detail::frozen_bn_forward_vec<T, V, kAdd, kRelu, false>(v, p); });
-    } else {
-      if (plan.nhwc) emulate_grid(p.nvec, g, [&](std::int64_t v) { detail::frozen_bn_backward_vec<T, V, kRelu, true>(v, p); });
-      else emulate_grid(p.nvec, g, [&](std::int64_t v) { detail::frozen_bn_backward_vec<T, V, kRelu, false>(v, p); });
-    }
-  });
-}
+/// The CUDA backend's own steps (internal/frozen_batch_norm_device.h) over grid g: the vector
+/// bodies where frozen_bn_vec_plan takes them, the generic ones otherwise.
+void emulate_cuda(const FrozenBnCall& call, Grid g) { internal::frozen_bn_run_on(device_on(g), call); }
 
-/// The generic bodies (any strides) over grid g.
+/// The generic bodies (any strides) over grid g, also where the launcher takes the vector ones.
 template <class T>
 void emulate_generic(const FrozenBnCall& call, Grid g) {
   const TensorView& r = call.input;
   const std::int64_t n = r.sizes[0] * r.sizes[1] * r.sizes[2] * r.sizes[3];
   internal::dispatch_epilogue(call, [&](auto add, auto relu) {
     const detail::FrozenBnArgs<T> p = internal::make_frozen_bn_args<T>(call, add(), relu());
-    if (!call.backward) emulate_grid(n, g, [&](std::int64_t i) { detail::frozen_bn_forward_element(i, p); });
-    else emulate_grid(n, g, [&](std::int64_t i) { detail::frozen_bn_backward_element(i, p); });
+    if (!call.backward) device_on(g).launch("generic", n, internal::frozen_bn_device::ForwardBody<T>{p});
+    else device_on(g).launch("generic", n, internal::frozen_bn_device::BackwardBody<T>{p});
   });
 }
 
@@ -187,13 +164,13 @@ void check_all(DType dt, Lay lay, Epi epi) {
       Buf yv = poison.clone(), yg = poison.clone();
       const auto cv = FrozenBnCall::for_forward("emulated", x.view, scale, shift, yv.view, epi, res);
       EXPECT_EQ(internal::frozen_bn_vec_plan<T>(cv).use, vec) << "the launcher's choice of the vector bodies";
+      emulate_cuda(cv, g);
+      EXPECT_TRUE(same_storage(y, yv)) << (vec ? "the CUDA steps (vector bodies)" : "the CUDA steps (generic bodies)");
+      vector_cases += vec;
       if (vec) {
-        emulate_vector<T>(cv, g);
-        EXPECT_TRUE(same_storage(y, yv)) << "forward_vec_kernel body";
-        ++vector_cases;
+        emulate_generic<T>(FrozenBnCall::for_forward("emulated", x.view, scale, shift, yg.view, epi, res), g);
+        EXPECT_TRUE(same_storage(y, yg)) << "generic bodies on a dense layout";
       }
-      emulate_generic<T>(FrozenBnCall::for_forward("emulated", x.view, scale, shift, yg.view, epi, res), g);
-      EXPECT_TRUE(same_storage(y, yg)) << "forward_generic_kernel body";
     }
 
     // Backward from the CPU forward's y; with add_relu, with and without grad_residual.
@@ -211,12 +188,15 @@ void check_all(DType dt, Lay lay, Epi epi) {
                                                        with_gr ? gr2.view : TensorView{});
           EXPECT_EQ(internal::frozen_bn_vec_plan<T>(call).use, vec) << "the launcher's choice of the vector bodies";
           if (vector_body) {
-            emulate_vector<T>(call, g);
+            emulate_cuda(call, g);
             ++vector_cases;
-          } else {
+          } else if (vec) {
             emulate_generic<T>(call, g);
+          } else {
+            emulate_cuda(call, g);
           }
-          const char* body = vector_body ? "backward_vec_kernel body" : "backward_generic_kernel body";
+          const char* body = vector_body ? "the CUDA steps (vector bodies)"
+                                         : vec ? "generic bodies on a dense layout" : "the CUDA steps (generic bodies)";
           EXPECT_TRUE(same_storage(gx, gx2)) << body << ": grad_x";
           EXPECT_TRUE(same_storage(gr, gr2)) << body << ": grad_residual";
         }
