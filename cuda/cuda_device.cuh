@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_reduce.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -32,12 +33,26 @@ struct CudaAtomicAdd {
   __device__ void operator()(std::int64_t offset, acc_t<T> v) const { atomic_add(base + offset, v); }
 };
 
+/// The roi checks' integer atomics: the smallest bad row, and per-image sample counts.
+struct CudaAtomicMinU64 {
+  unsigned long long* p;
+  __device__ void operator()(std::int64_t v) const { atomicMin(p, static_cast<unsigned long long>(v)); }
+};
+struct CudaAtomicAddI64 {
+  std::int64_t* base;
+  __device__ void operator()(std::int64_t i, std::int64_t v) const {
+    atomicAdd(reinterpret_cast<unsigned long long*>(base + i), static_cast<unsigned long long>(v));
+  }
+};
+
 struct CudaDevice {
   const Context& ctx;
   const char* op;
 
   template <class T>
   using Add = CudaAtomicAdd<T>;
+  using MinU64 = CudaAtomicMinU64;
+  using AddI64 = CudaAtomicAddI64;
 
   template <class Body>
   void launch(const char* name, std::int64_t n, const Body& body) const {
@@ -91,6 +106,35 @@ struct CudaDevice {
   void exclusive_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
     DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, in, out, n, stream_of(ctx)), op);
   }
+
+  std::size_t reduce_sum_bytes(std::int64_t n) const {
+    std::size_t bytes = 0;
+    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, bytes, static_cast<const std::int64_t*>(nullptr),
+                                             static_cast<std::int64_t*>(nullptr), n),
+                      op);
+    return bytes;
+  }
+  void reduce_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, bytes, in, out, n, stream_of(ctx)), op);
+  }
+  std::size_t reduce_max_bytes(std::int64_t n) const {
+    std::size_t bytes = 0;
+    DETOPS_CUDA_CHECK(cub::DeviceReduce::Max(nullptr, bytes, static_cast<const std::int64_t*>(nullptr),
+                                             static_cast<std::int64_t*>(nullptr), n),
+                      op);
+    return bytes;
+  }
+  void reduce_max(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+    DETOPS_CUDA_CHECK(cub::DeviceReduce::Max(temp, bytes, in, out, n, stream_of(ctx)), op);
+  }
+
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) DETOPS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)), op);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) DETOPS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)), op);
+  }
+  void wait() const { DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)), op); }
 };
 
 }  // namespace internal

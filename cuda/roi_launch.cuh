@@ -1,252 +1,55 @@
-// The CUDA launch sequences that RoIAlign and RoIAlignRotated share (cuda/roi_align_cuda.cu,
-// cuda/roi_align_rotated_cuda.cu): the roi check on the device with its one wait, the backward's mode dispatch with the scatter modes' sequences (atomic adds
-// into grad_input; the truncated mode's dense double buffer, rounded once) and its workspace, and
-// the exact mode's per-roi record offsets, CUB temporary bytes and workspace check. An op passes
-// the launches of its own kernels in as callables. Everything is enqueued on the caller's stream.
+// The roi ops' shared CUDA sequences (src/internal/roi_device.h) bound to CudaDevice, under their
+// earlier names, for RoIAlign's backend, which still launches its own kernels. Everything is
+// enqueued on the caller's stream.
 #pragma once
 
-#include <cub/device/device_reduce.cuh>
-#include <cub/device/device_scan.cuh>
-
-#include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda_check.cuh"
-#include "detops/detail/roi_align_kernels.h"
+#include "cuda_device.cuh"
 #include "gather_backward.cuh"
 #include "zero_fill.cuh"
-#include "internal/roi_align_backend.h"
-#include "internal/scratch.h"
+#include "internal/roi_device.h"
 
 namespace detops {
 namespace internal {
-namespace roi_cuda {
 
-/// The truncated mode's last step: the dense NCHW double buffer rounded once into grad_input.
-template <class T>
-__global__ void cast_kernel(const double* buf, T* p, detail::Strides4 st, std::int64_t C, std::int64_t H,
-                            std::int64_t W, std::int64_t n) {
-  DETOPS_GRID_STRIDE(i, n) detail::roi_align_truncated_store_element(i, buf, p, st, C, H, W);
-}
-
-}  // namespace roi_cuda
-
-// ---------------------------------------------------------------------------------------------
-// Roi check
-
-/// What the roi check found on the device: the first invalid row (-1 if none) with its values
-/// (the op's columns) read back as doubles; with need_total, the samples of all rois and, when
-/// the op counts them per image, the most that one image's rois hold.
-struct DeviceRoiCheck {
-  std::int64_t bad_row = -1;
-  double row[8] = {};
-  std::int64_t total_samples = 0;
-  std::int64_t max_image_samples = 0;
-};
-
-/// The roi check of a call with K rows of `columns` on the device, with the one wait on
-/// ctx.cuda_stream that both ops document. launch(A{}, first_bad, counts, image_samples) launches
-/// the op's check kernel `kernel` over the rows in the accumulation type A of the features: it
-/// keeps the smallest bad row in *first_bad (an integer atomicMin, which does not depend on the
-/// order); with need_total it writes each roi's samples to counts (null otherwise) and, with
-/// `per_image`, adds them into image_samples[batch] (null otherwise). The sums are reduced on the
-/// device and read back with the first bad row; a bad row's values are then read back for the
-/// message (an error path: a second wait).
+/// roi_check_on on CUDA; launch(A{}, first_bad, counts, image_samples) launches the op's own
+/// check kernel `kernel` (checked here).
 template <class Launch>
 DeviceRoiCheck roi_check_cuda(const char* op, const char* kernel, const TensorView& features, const TensorView& rois,
                               std::int64_t K, int columns, bool need_total, bool per_image, const Context& ctx,
                               Launch&& launch) {
-  cudaStream_t stream = stream_of(ctx);
-  const std::int64_t N = features.sizes[0];
-  const bool images = need_total && per_image;
-  // A forward call only validates: no per-roi counts, no reduction (need_total is the backward's).
-  std::size_t sum_bytes = 0, max_bytes = 0;
-  if (need_total)
-    DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, sum_bytes, static_cast<const std::int64_t*>(nullptr),
-                                             static_cast<std::int64_t*>(nullptr), K),
-                      op);
-  if (images)
-    DETOPS_CUDA_CHECK(cub::DeviceReduce::Max(nullptr, max_bytes, static_cast<const std::int64_t*>(nullptr),
-                                             static_cast<std::int64_t*>(nullptr), N),
-                      op);
-  WorkspaceLayout l;
-  l.add<unsigned long long>(1);
-  l.add<std::int64_t>(2);  // the total, the largest image's
-  l.add<std::int64_t>(need_total ? K : 0);
-  l.add<std::int64_t>(images ? N : 0);
-  l.add_bytes(std::max(sum_bytes, max_bytes));
-  const Scratch scratch(op, l.bytes(), features.device, ctx);
-  scratch.bind(l);
-  auto* first_bad = l.take<unsigned long long>();
-  auto* sums = l.take<std::int64_t>();
-  std::int64_t* counts = l.take<std::int64_t>();
-  std::int64_t* image_samples = l.take<std::int64_t>();
-  void* temp = l.take<unsigned char>();
-  if (!need_total) counts = nullptr;  // the check kernel then only validates
-  if (!images) image_samples = nullptr;
-
-  const unsigned long long none = static_cast<unsigned long long>(K);
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof(none), cudaMemcpyHostToDevice, stream), op);
-  if (images)
-    DETOPS_CUDA_CHECK(cudaMemsetAsync(image_samples, 0, static_cast<std::size_t>(N) * sizeof(std::int64_t), stream),
-                      op);
-  dispatch_floating(features.dtype,
-                    [&](auto tag) { launch(acc_t<decltype(tag)>{}, first_bad, counts, image_samples); });
-  check_launch(kernel, op, ctx);
-  if (need_total) DETOPS_CUDA_CHECK(cub::DeviceReduce::Sum(temp, sum_bytes, counts, sums, K, stream), op);
-  if (images) DETOPS_CUDA_CHECK(cub::DeviceReduce::Max(temp, max_bytes, image_samples, sums + 1, N, stream), op);
-  unsigned long long bad = none;
-  std::int64_t host_sums[2] = {0, 0};
-  DETOPS_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream), op);
-  if (need_total)
-    DETOPS_CUDA_CHECK(cudaMemcpyAsync(host_sums, sums, (images ? 2 : 1) * sizeof(std::int64_t),
-                                      cudaMemcpyDeviceToHost, stream),
-                      op);
-  DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // the one documented wait
-
-  DeviceRoiCheck check;
-  check.total_samples = host_sums[0];
-  check.max_image_samples = host_sums[1];
-  if (bad < none) {
-    // Bring the offending row to the host (the op re-runs its check there for the message).
-    check.bad_row = static_cast<std::int64_t>(bad);
-    const std::size_t es = dtype_size(rois.dtype);
-    alignas(8) unsigned char host_row[sizeof(check.row)];  // read back as float or double
-    for (int i = 0; i < columns; ++i) {
-      const auto* src = static_cast<const unsigned char*>(rois.data) +
-                        (check.bad_row * rois.strides[0] + i * rois.strides[1]) * es;
-      DETOPS_CUDA_CHECK(cudaMemcpyAsync(host_row + i * es, src, es, cudaMemcpyDeviceToHost, stream), op);
-    }
-    DETOPS_CUDA_CHECK(cudaStreamSynchronize(stream), op);  // an error path: a second wait is fine
-    detail::load_roi_row(host_row, rois.dtype, 1, 1, 0, check.row, columns);
-  }
-  return check;
+  return roi_check_on(CudaDevice{ctx, op}, features, rois, K, columns, need_total, per_image,
+                      [&](auto a_tag, unsigned long long* first_bad, std::int64_t* counts, std::int64_t* image_samples) {
+                        launch(a_tag, first_bad, counts, image_samples);
+                        check_launch(kernel, op, ctx);
+                      });
 }
 
-/// An op's roi check (RoiCheck, RotatedRoiCheck) from the device's: the total, and for a bad row
-/// its `columns` values and what the op's host check says of it, make_box(A{}, row) (a box with
-/// status, grid_h and grid_w; A the accumulation type of `dtype`, as on the device).
-template <class Check, class MakeBox>
-Check roi_check_from_device(const DeviceRoiCheck& found, int columns, DType dtype, MakeBox&& make_box) {
-  Check check;
-  check.total_samples = found.total_samples;
-  if (found.bad_row < 0) return check;
-  check.bad_row = found.bad_row;
-  std::copy(found.row, found.row + columns, check.row);
-  dispatch_floating(dtype, [&](auto tag) {
-    const auto box = make_box(acc_t<decltype(tag)>{}, check.row);
-    check.status = box.status;
-    check.grid_h = box.grid_h;
-    check.grid_w = box.grid_w;
-  });
-  return check;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward
-
-/// Whether the backward in `mode` runs the exact mode's phases, so that its workspace follows the
-/// rois' samples: the exact mode, and the float64 truncated mode (double atomics would leave the
-/// scheduling order in its sums; the phases give the CPU's order).
-inline bool roi_backward_enumerates(DType dtype, BackwardMode mode) {
-  return mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && dtype == DType::kFloat64);
-}
-
-/// Bytes of a roi op's CUDA backward workspace in `mode`: none for kAtomic, the dense double
-/// buffer for the 16- and 32-bit truncated mode, and otherwise exact_bytes(A{}, with_divisors),
-/// the op's exact-mode layout in accumulation type A (float64's truncated mode: with divisors).
 template <class ExactBytes>
 std::size_t roi_backward_workspace_cuda(DType dtype, BackwardMode mode, const detail::RoiAlignShape& s,
                                         ExactBytes&& exact_bytes) {
-  switch (mode) {
-    case BackwardMode::kAtomic: return 0;
-    case BackwardMode::kTruncated:
-      if (dtype == DType::kFloat64) return exact_bytes(double{}, true);
-      return truncated_buffer_bytes(s);
-    case BackwardMode::kExact:
-      return dispatch_floating(dtype, [&](auto tag) { return exact_bytes(acc_t<decltype(tag)>{}, false); });
-  }
-  return 0;
+  return roi_backward_workspace_bytes(dtype, mode, s, exact_bytes);
 }
 
-/// The type the scatter modes compute a contribution in: the accumulation type for the atomic mode
-/// (adding into grad_input's T), double for the truncated mode (adding into its double buffer).
-template <class T, class Target>
-using scatter_value_t = std::conditional_t<std::is_same_v<Target, T>, acc_t<T>, double>;
-
-/// A roi op's backward into grad_input on CUDA in opt.mode, with the op's launches (T is
-/// grad_input's element type):
-///   scatter(T{}, target, strides, rounding): the op's scatter kernel over its n > 0 grad_output
-///     elements, adding into `target` with `strides` (grad_input itself for kAtomic; the dense NCHW
-///     double buffer in ws for kTruncated), contributions in scatter_value_t<T, Target>;
-///   exact(T{}, rounding): the exact mode's phases (rounding kNone), or the float64 truncated mode's.
 template <class Scatter, class Exact>
 void roi_backward_cuda(const TensorView& grad_input, const detail::RoiAlignShape& s, std::int64_t n,
                        const RoiAlignBackwardOptions& opt, Workspace ws, const Context& ctx, const char* op,
                        Scatter&& scatter, Exact&& exact) {
-  cudaStream_t stream = stream_of(ctx);
-  dispatch_floating(grad_input.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (opt.mode) {
-      case BackwardMode::kAtomic:
-        zero_fill_cuda<T>(grad_input, ctx, op);
-        if (n > 0) scatter(tag, static_cast<T*>(grad_input.data), strides4(grad_input), detail::GradRounding::kNone);
-        break;
-      case BackwardMode::kTruncated: {
-        if constexpr (std::is_same_v<T, double>) {
-          // Double atomics would leave the scheduling order in the result: the CPU's order instead.
-          exact(tag, grad_rounding(opt));
-          break;
-        }
-        const std::int64_t total = s.N * s.C * s.H * s.W;
-        if (s.K == 0) {  // no workspace was sized: nothing to accumulate
-          zero_fill_cuda<T>(grad_input, ctx, op);
-          break;
-        }
-        auto* buf = static_cast<double*>(ws.data);
-        DETOPS_CUDA_CHECK(cudaMemsetAsync(buf, 0, static_cast<std::size_t>(total) * sizeof(double), stream), op);
-        if (n > 0) scatter(tag, buf, detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1}, grad_rounding(opt));
-        roi_cuda::cast_kernel<T><<<grid_for(total), kBlock, 0, stream>>>(buf, static_cast<T*>(grad_input.data),
-                                                                         strides4(grad_input), s.C, s.H, s.W, total);
-        check_launch("cast_kernel", op, ctx);
-        break;
-      }
-      case BackwardMode::kExact:
-        exact(tag, detail::GradRounding::kNone);
-        break;
-    }
-  });
+  roi_backward_on(CudaDevice{ctx, op}, grad_input, s, n, opt, ws, scatter, exact);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Exact mode
-
-/// CUB's temporary bytes of the exact mode: the engine's phase 2 over `records` records with keys
-/// up to `sentinel`, and the scan of K + 1 per-roi counts into record offsets.
 inline std::size_t roi_exact_temp_bytes(std::int64_t K, std::int64_t records, std::uint64_t sentinel, const char* op) {
-  std::size_t scan_rois = 0;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_rois, static_cast<const std::int64_t*>(nullptr),
-                                                  static_cast<std::int64_t*>(nullptr), K + 1),
-                    op);
-  return std::max(gather_cuda_temp_bytes(records, sentinel, op), scan_rois);
+  const Context ctx{};  // the queries enqueue nothing
+  return roi_exact_temp_bytes_on(CudaDevice{ctx, op}, K, records, sentinel);
 }
 
-/// Phase 1's record offsets per roi: the exclusive scan of the K + 1 counts (the last is 0, so the
-/// last offset is the total), in the engine's temporary memory.
 template <class A>
 void scan_roi_offsets(const GatherCudaBuffers<A>& g, const std::int64_t* counts, std::int64_t* offsets,
                       std::int64_t K, const Context& ctx, const char* op) {
-  std::size_t tb = g.temp_bytes;
-  DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(g.temp, tb, counts, offsets, K + 1, stream_of(ctx)), op);
-}
-
-/// The workspace given to the backward holds the exact mode's layout (`mode` names the mode that
-/// runs its phases, for the message).
-inline void check_exact_workspace(const char* op, const char* mode, std::size_t need, const Workspace& ws) {
-  if (need > ws.bytes)
-    fail(ErrorCode::kInvalidArgument, "{}: workspace has {} bytes; the {} mode needs {} here", op, ws.bytes, mode,
-         need);
+  scan_roi_offsets_on(CudaDevice{ctx, op}, g, counts, offsets, K);
 }
 
 }  // namespace internal

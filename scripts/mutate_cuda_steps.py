@@ -100,9 +100,29 @@ FROZEN_BN = [
      "make_frozen_bn_args<T>(call, false, kRelu);"),
 ]
 
+R = "src/internal/roi_align_rotated_device.h"
+RD = "src/internal/roi_device.h"
+ROI_ALIGN_ROTATED = [
+    ("count over K entries, not K + 1", R, 'dev.launch("rotated_count", s.K + 1,', 'dev.launch("rotated_count", s.K,'),
+    ("every chunk counts the first images' rois", R, "CountBody<A>{rois, s, images, counts}",
+     "CountBody<A>{rois, s, detail::ImageRange{0, images.end - images.begin}, counts}"),
+    ("records not reset to the sentinel", R, "    gather_init(dev, g, cap, sentinel);\n", ""),
+    ("truncated phase 3 over half the runs", R, 'dev.launch("rotated_truncated_gather", max_runs * s.C,',
+     'dev.launch("rotated_truncated_gather", max_runs * s.C / 2,'),
+    ("truncated buffer not zeroed", RD, "        dev.zero(buf, static_cast<std::size_t>(total) * sizeof(double));\n", ""),
+    ("truncated store one element short", RD, 'dev.launch("roi_truncated_store", total,', 'dev.launch("roi_truncated_store", total - 1,'),
+    ("roi check starts its first bad row at 0", RD, "dev.copy_to_device(first_bad, &none, sizeof(none));",
+     "const unsigned long long zero = 0;\n  dev.copy_to_device(first_bad, &zero, sizeof(zero));"),
+    ("sample total over K - 1 rois", RD, "dev.reduce_sum(temp, sum_bytes, counts, sums, K);",
+     "dev.reduce_sum(temp, sum_bytes, counts, sums, K - 1);"),
+    ("atomic grad_input not zeroed", RD, "      case BackwardMode::kAtomic:\n        zero_fill<T>(dev, grad_input);\n",
+     "      case BackwardMode::kAtomic:\n"),
+]
+
 SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
           ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN),
-          ("detops_frozen_batch_norm_emulated_test", FROZEN_BN)]
+          ("detops_frozen_batch_norm_emulated_test", FROZEN_BN),
+          ("detops_roi_align_rotated_emulated_test", ROI_ALIGN_ROTATED)]
 
 
 def main():

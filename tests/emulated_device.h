@@ -1,8 +1,8 @@
 // The emulated binding of the device interface (src/internal/device_steps.h): the CUDA backend's
 // step sequences run on the CPU, launch by launch. A launch runs its body for every thread index
 // in order; the stand-ins for CUB keep CUB's contracts: a stable sort by the key bits
-// [0, end_bit) only, run-length encode and exclusive scan (over counts: a negative or
-// overflowing input, i.e. memory no step wrote, is an error), each refusing temporary storage
+// [0, end_bit) only, run-length encode, exclusive scan and reductions (over counts: a negative,
+// overflowing or poisoned input, i.e. memory no step wrote, is an error), each refusing temporary storage
 // smaller than its own query and scribbling over the storage it is given (so a temporary
 // buffer carved over a live one shows). The atomic add is a plain add in thread order.
 #pragma once
@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -23,8 +24,13 @@
 namespace detops {
 namespace test {
 
+/// The byte PoisonedWorkspace fills with, as an int64: what the device's integer steps read where
+/// no step wrote.
+constexpr std::int64_t kPoison64 = 0x7f7f7f7f7f7f7f7f;
+
 struct EmulatedDevice {
   const char* op = "emulated";
+  Context ctx{};  // scratch memory: the default allocator on the CPU
   /// Every launch, as "name:threads", in order (for tests of the sequence itself).
   std::vector<std::string>* trace = nullptr;
 
@@ -41,6 +47,15 @@ struct EmulatedDevice {
   /// checks that every index in [0, n) is visited exactly once. Otherwise indices in order (what
   /// the launcher's grid gives for any n below 2^28).
   std::int64_t block = 0, blocks = 0;
+
+  struct MinU64 {
+    unsigned long long* p;
+    void operator()(std::int64_t v) const { *p = std::min(*p, static_cast<unsigned long long>(v)); }
+  };
+  struct AddI64 {
+    std::int64_t* base;
+    void operator()(std::int64_t i, std::int64_t v) const { base[i] += v; }
+  };
 
   template <class Body>
   void launch(const char* name, std::int64_t n, const Body& body) const {
@@ -110,12 +125,40 @@ struct EmulatedDevice {
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t v = in[i];
       out[i] = sum;
-      // Counts never overflow: a sum that does read memory no step wrote (the poisoned workspace).
-      if (v < 0 || __builtin_add_overflow(sum, v, &sum))
+      // Counts are never negative and never overflow, nor do they hold the poison of a workspace
+      // byte no step wrote (PoisonedWorkspace's 0x7f): such an input is memory no step wrote.
+      if (v < 0 || v == kPoison64 || __builtin_add_overflow(sum, v, &sum))
         throw std::logic_error("exclusive_sum: input " + std::to_string(i) + " is " + std::to_string(v) +
                                " after a sum of " + std::to_string(out[i]) + "; expected written counts");
     }
   }
+
+  std::size_t reduce_sum_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) / 4 + 8; }
+  std::size_t reduce_max_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) / 4 + 8; }
+  void reduce_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+    use_temp(temp, bytes, reduce_sum_bytes(n), "reduce_sum");
+    std::int64_t sum = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (in[i] == kPoison64 || __builtin_add_overflow(sum, in[i], &sum))
+        throw std::logic_error("reduce_sum: input " + std::to_string(i) + " is memory no step wrote");
+    *out = sum;
+  }
+  void reduce_max(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+    use_temp(temp, bytes, reduce_max_bytes(n), "reduce_max");
+    std::int64_t m = std::numeric_limits<std::int64_t>::lowest();  // CUB's identity for an empty input
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (in[i] == kPoison64) throw std::logic_error("reduce_max: input " + std::to_string(i) + " is memory no step wrote");
+      m = std::max(m, in[i]);
+    }
+    *out = m;
+  }
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void wait() const {}
 
  private:
   static void use_temp(void* temp, std::size_t bytes, std::size_t needed, const char* what) {

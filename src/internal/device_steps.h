@@ -21,8 +21,17 @@
 //                                              (cub::DeviceRunLengthEncode::Encode)
 //   dev.exclusive_sum_bytes(n), dev.exclusive_sum(temp, bytes, in, out, n)
 //                                              (cub::DeviceScan::ExclusiveSum)
+//   dev.reduce_sum_bytes(n), dev.reduce_sum(temp, bytes, in, out, n), and reduce_max likewise:
+//                                              int64 reductions into *out on the device
+//                                              (cub::DeviceReduce::Sum / Max)
+//   dev.copy_to_device(dst, src, bytes), dev.copy_to_host(dst, src, bytes), dev.wait()
+//                                              stream-ordered copies; wait() blocks the host until
+//                                              the work enqueued so far is done
+//   dev.ctx                                    the call's Context (scratch memory comes from it)
 //   Dev::Add<T>{T* base}                       the atomic mode's add: add(offset, acc_t<T> v)
 //                                              adds v into base[offset] (atomicAdd on CUDA)
+//   Dev::MinU64{unsigned long long* p}         min(v): *p = min(*p, v), order-independent
+//   Dev::AddI64{std::int64_t* base}            add(i, v): base[i] += v, order-independent
 #pragma once
 
 #include <algorithm>
