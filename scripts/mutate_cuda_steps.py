@@ -119,7 +119,22 @@ ROI_ALIGN_ROTATED = [
      "      case BackwardMode::kAtomic:\n"),
 ]
 
+A = "src/internal/roi_align_device.h"
+ROI_ALIGN = [
+    ("slots not initialised", A, '  dev.launch("roi_align_init_slots", cap, InitSlotsBody<A>{b.slots, sentinel});\n', ""),
+    ("extras not permuted", A, '  dev.launch("roi_align_permute_extras", cap, PermuteExtrasBody<A>{b.sorted.ids, b.slots, b.sorted});\n', ""),
+    ("max pooling's winner test dropped from phase 3", A, "detail::roi_gather_target(ga), ga.active);",
+     "detail::roi_gather_target(ga));"),
+    ("grad_input zero fill after phase 1 dropped", A, "  zero_fill<T>(dev, call.features);\n  // Phase 1", "  // Phase 1"),
+    ("argmax strides dropped from the scatter", A, "a.am = call.max_pool ? strides4(call.argmax) : Strides4{0, 0, 0, 0};\n  a.shape = call.shape;\n  a.max_pool = call.max_pool;\n  a.channels_last = channels_innermost(call.pooled);\n  using Add",
+     "a.am = Strides4{0, 0, 0, 0};\n  a.shape = call.shape;\n  a.max_pool = call.max_pool;\n  a.channels_last = channels_innermost(call.pooled);\n  using Add"),
+    ("float64 truncated phase 3 over half the runs", A, 'dev.launch("roi_align_truncated_gather", max_runs * s.C,',
+     'dev.launch("roi_align_truncated_gather", max_runs * s.C / 2,'),
+    ("roi check over one row short", A, 'dev.launch("roi_align_check", s.K,', 'dev.launch("roi_align_check", s.K - 1,'),
+]
+
 SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
+          ("detops_roi_align_emulated_test", ROI_ALIGN),
           ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN),
           ("detops_frozen_batch_norm_emulated_test", FROZEN_BN),
           ("detops_roi_align_rotated_emulated_test", ROI_ALIGN_ROTATED)]

@@ -1,5 +1,5 @@
 // The gather-backward engine on its own (include/detops/detail/gather_backward.h, its CPU side
-// src/internal/gather_backward_cpu.h, and the bodies of cuda/gather_backward.cuh's kernels over an
+// src/internal/gather_backward_cpu.h, and the bodies of its CUDA steps (src/internal/device_steps.h) over an
 // emulated grid): the sort is stable whichever way it runs, the runs are right, partials are
 // summed as documented, and the CUDA pipeline's bodies give the CPU phase 3's bytes for every
 // dtype, thread order, layout, partial length and thread count. The ops' own tests (RoIAlign,

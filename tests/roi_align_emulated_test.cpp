@@ -1,7 +1,11 @@
-// The CUDA kernels' per-thread bodies, run on the CPU over an emulated grid (every thread index,
-// in order), against the CPU backend. The CPU backend uses its own loop structure, so agreement
-// to the bit checks both the kernels' indexing and the claim that the two backends evaluate the
-// same arithmetic. No GPU needed.
+// The CUDA backend of RoIAlign run on the CPU: its own steps (internal/roi_align_device.h and the
+// roi ops' shared internal/roi_device.h, the code cuda/roi_align_cuda.cu runs on CudaDevice) on
+// the emulated device (tests/emulated_device.h: every thread index in order, CUB's contracts),
+// against the CPU backend: the roi check, forward (average and max pooling), and every backward
+// mode from a poisoned workspace. The CPU backend uses its own loop structure, so agreement to
+// the bit checks both the CUDA sequence and the claim that the two backends evaluate the same
+// arithmetic. The bodies' own contracts (slot initialisation, the check and count bodies, max
+// pooling's NaN and tie rules) are tested on them directly. No GPU needed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +16,9 @@
 #include <type_traits>
 
 #include "detops/detail/roi_align_kernels.h"
+#include "emulated_device.h"
 #include "internal/roi_align_backend.h"
+#include "internal/roi_align_device.h"
 #include "test_util.h"
 
 namespace detops {
@@ -52,181 +58,52 @@ Case make_case(DType dt, Layout layout, PoolMode pool, std::int64_t sr, bool ali
   return c;
 }
 
+internal::RoiAlignCall make_call(const Case& c, const TensorView& features, const TensorView& pooled,
+                                 const TensorView& argmax) {
+  internal::RoiAlignCall call{};
+  call.op = "emulated";
+  call.features = features;
+  call.rois = c.rois.view();
+  call.pooled = pooled;
+  call.max_pool = c.opt.pool_mode == PoolMode::kMax;
+  call.argmax = call.max_pool ? argmax : TensorView{};
+  call.shape = c.shape;
+  return call;
+}
+
+/// The CUDA backend's forward (argmax too with max pooling).
 template <class T>
-Tensor emulate_forward(const Case& c, DType dt, Layout layout, bool channels_last_threads, Tensor* argmax = nullptr) {
+Tensor emulate_forward(const Case& c, DType dt, Layout layout, Tensor* argmax = nullptr) {
   Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
   Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
+  out.fill_bytes(0xCD);
+  am.fill_bytes(0xCD);
   if (argmax) *argmax = am;
-  detail::ForwardArgs<T> a{};
-  a.input = c.input.data<T>();
-  a.in = st(c.input);
-  a.rois = {c.rois.view().data, DType::kFloat32, 5, 1};
-  a.output = out.data<T>();
-  a.out = st(out);
-  a.argmax = am.data<std::int32_t>();
-  a.am = st(am);
-  a.shape = c.shape;
-  a.max_pool = c.opt.pool_mode == PoolMode::kMax;
-  a.channels_last = channels_last_threads;
-  for (std::int64_t i = 0; i < out.numel(); ++i) detail::roi_align_forward_element(i, a);
+  internal::roi_align_forward_on<T>(test::EmulatedDevice{}, make_call(c, c.input.view(), out.view(), am.view()));
   return out;
 }
 
-/// The CUDA launcher's atomic and truncated paths into grad_input `gi` (any strides, gaps kept):
-/// the zero fill (fill_zero_kernel's body), the scatter body in thread order (k, c, ph, pw): per
-/// plane, the same order of adds as the CPU backend's per-channel loop, so the atomic and
-/// truncated results agree bit for bit; and for truncated the dense double sums rounded once
-/// (cast_kernel's body).
-template <class T>
-void emulate_scatter_into(const Case& c, const TensorView& gi, detail::GradRounding rounding) {
-  const auto& s = c.shape;
-  T* p = static_cast<T*>(gi.data);
-  const detail::Strides4 gs = st(gi);
-  const std::int64_t total = s.N * s.C * s.H * s.W;
-  detail::BackwardArgs<T> a{};
-  a.grad_output = c.grad_output.data<T>();
-  a.go = st(c.grad_output);
-  a.rois = {c.rois.view().data, DType::kFloat32, 5, 1};
-  a.argmax = c.argmax.data<std::int32_t>();
-  a.am = c.argmax.numel() ? st(c.argmax) : detail::Strides4{0, 0, 0, 0};
-  a.shape = s;
-  a.max_pool = c.opt.pool_mode == PoolMode::kMax;
-  a.channels_last = false;
-  if (rounding == detail::GradRounding::kNone || s.K == 0) {  // the launcher zero-fills first (or only)
-    for (std::int64_t i = 0; i < total; ++i) detail::fill_zero_element(i, p, gs, s.C, s.H, s.W);
-    if (s.K == 0) return;
-  }
-  if (rounding == detail::GradRounding::kNone) {
-    a.gi = gs;
-    for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
-      detail::roi_align_backward_scatter_element<T, acc_t<T>>(
-          i, a, detail::GradRounding::kNone, [p](std::int64_t off, acc_t<T> v) {
-            p[off] = from_double<T>(static_cast<double>(static_cast<acc_t<T>>(to_acc(p[off])) + v));
-          });
-    return;
-  }
-  std::vector<double> buf(static_cast<std::size_t>(total), 0.0);
-  a.gi = {s.C * s.H * s.W, s.H * s.W, s.W, 1};
-  for (std::int64_t i = 0; i < c.grad_output.numel(); ++i)
-    detail::roi_align_backward_scatter_element<T, double>(i, a, rounding,
-                                                          [&buf](std::int64_t off, double v) { buf[off] += v; });
-  // cast_kernel's body over its grid: the dense NCHW sums rounded once into grad_input's layout
-  for (std::int64_t i = 0; i < total; ++i) detail::roi_align_truncated_store_element(i, buf.data(), p, gs, s.C, s.H, s.W);
+/// The CUDA backend's backward into grad_input `gi` (any strides, gaps kept), mode by mode: the
+/// roi check as the front end runs it (with the sample total when the mode enumerates slots; an
+/// unchecked call's bad rows are not raised), the workspace it sizes (poisoned), the backward.
+void emulate_backward_into(const Case& c, const TensorView& gi, BackwardMode mode, TruncationFormat format) {
+  const internal::RoiAlignCall call = make_call(c, gi, c.grad_output.view(), c.argmax.view());
+  const test::EmulatedDevice dev;
+  const internal::RoiCheck check =
+      internal::roi_align_check_rois_on(dev, call, internal::roi_backward_enumerates(gi.dtype, mode));
+  if (c.opt.check_rois) EXPECT_EQ(check.bad_row, -1);
+  test::PoisonedWorkspace ws(internal::roi_align_backward_workspace_on(dev, call, check, mode));
+  RoiAlignBackwardOptions b;
+  b.mode = mode;
+  b.truncation = format;
+  internal::roi_align_backward_on(dev, call, check, b, ws.ws);
 }
-
-template <class T>
-Tensor emulate_scatter(const Case& c, DType dt, Layout layout, detail::GradRounding rounding) {
-  const auto& s = c.shape;
-  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
-  emulate_scatter_into<T>(c, gi.view(), rounding);
-  return gi;
-}
-
-/// The three exact-mode phases as the CUDA launcher sequences them, with std::stable_sort in
-/// place of CUB's (stable) radix sort. With `rounding` (kFloat16, kBFloat16): the float64
-/// truncated mode's variant (divisors, truncated contributions summed in double).
-template <class T>
-void emulate_exact_into(const Case& c, const TensorView& gi, bool channels_last_threads,
-                        detail::GradRounding rounding = detail::GradRounding::kNone) {
-  using A = acc_t<T>;
-  const bool truncated = rounding != detail::GradRounding::kNone;
-  const auto& s = c.shape;
-  const detail::RoiSource rois{c.rois.view().data, DType::kFloat32, 5, 1};
-  // count_kernel's body over its grid (K + 1 entries), then the exclusive scan CUB does
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(s.K + 1), -7), offsets(counts.size(), 0);
-  for (std::int64_t k = 0; k < s.K + 1; ++k) detail::roi_align_count_element<A>(k, rois, s, counts.data());
-  std::exclusive_scan(counts.begin(), counts.end(), offsets.begin(), std::int64_t{0});
-  // The CUDA launcher's capacity: with a fixed sampling ratio every roi's slots, invalid rows'
-  // included (unchecked calls), which then stay as init_slots_kernel left them.
-  const std::int64_t cap = s.sampling_ratio > 0 ? 4 * s.K * s.PH * s.PW * s.sampling_ratio * s.sampling_ratio
-                                                : 4 * offsets[s.K];
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
-  // Garbage first (as in a reused workspace): init_slots_kernel's body must define every field.
-  std::vector<std::uint64_t> keys(cap, 0x5a5a5a5a5a5aull);
-  std::vector<std::int64_t> ids(cap, -3), go(cap, -3), am(cap, -3), sgo(cap), sam(cap);
-  std::vector<A> w(cap, A(-5)), sw(cap);
-  std::vector<std::int32_t> smp(cap, 77), ssmp(cap);
-  std::vector<double> div(cap, -9.0), sdiv(cap);
-  detail::ExactRecords<A> rec{keys.data(), ids.data(), w.data(), go.data(), am.data(), smp.data(),
-                              truncated ? div.data() : nullptr};
-  for (std::int64_t j = 0; j < cap; ++j) detail::roi_align_exact_init_slot(j, rec, sentinel);
-  detail::EnumerateArgs<A> ea{rois, offsets.data(), s, c.opt.pool_mode == PoolMode::kMax, st(c.grad_output),
-                              c.argmax.numel() ? st(c.argmax) : detail::Strides4{0, 0, 0, 0}, rec};
-  for (std::int64_t t = 0; t < s.K * s.PH * s.PW; ++t) detail::roi_align_exact_enumerate_bin(t, ea);
-  std::vector<std::int64_t> sorted(ids);
-  std::stable_sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
-  detail::ExactRecords<A> to{nullptr, nullptr, sw.data(), sgo.data(), sam.data(), ssmp.data(),
-                             truncated ? sdiv.data() : nullptr};
-  // the engine's permute_records_kernel, then RoIAlign's permute_extras_kernel
-  for (std::int64_t r = 0; r < cap; ++r) {
-    detail::gather_permute_record(r, sorted.data(), rec.weights, rec.go_offsets, to.weights, to.go_offsets);
-    detail::roi_align_permute_extras(r, sorted.data(), rec, to);
-  }
-  std::vector<std::uint64_t> run_keys;
-  std::vector<std::int64_t> run_offsets, run_lengths;
-  for (std::int64_t r = 0; r < cap; ++r) {
-    if (r == 0 || keys[sorted[r]] != keys[sorted[r - 1]]) {
-      run_keys.push_back(keys[sorted[r]]);
-      run_offsets.push_back(r);
-      run_lengths.push_back(0);
-    }
-    ++run_lengths.back();
-  }
-  // zero_fill: a memset when dense (the same bytes), fill_zero_kernel's body otherwise
-  for (std::int64_t i = 0; i < s.N * s.C * s.H * s.W; ++i)
-    detail::fill_zero_element(i, static_cast<T*>(gi.data), st(gi), s.C, s.H, s.W);
-  if (cap == 0 || s.K == 0) return;
-  detail::GatherArgs<T> ga{};
-  ga.sorted = {run_keys.data(), run_offsets.data(), run_lengths.data(), sw.data(), sgo.data()};
-  ga.grad_output = c.grad_output.data<T>();
-  ga.go_c = c.grad_output.view().strides[1];
-  ga.active = {c.argmax.data<std::int32_t>(), sam.data(), ssmp.data(), c.argmax.numel() ? c.argmax.view().strides[1] : 0,
-               c.opt.pool_mode == PoolMode::kMax};
-  ga.grad_input = static_cast<T*>(gi.data);
-  ga.gi = st(gi);
-  ga.shape = s;
-  ga.divisors = to.divisors;
-  ga.rounding = rounding;
-  const std::int64_t runs = static_cast<std::int64_t>(run_keys.size());
-  for (std::int64_t t = 0; t < runs * s.C; ++t) {
-    if (truncated) detail::roi_align_truncated_gather_element(t, ga, channels_last_threads, runs);
-    else  // the engine's run_sums_kernel body, with RoIAlign's target and winner test
-      detail::gather_run_element(t, detail::roi_gather_sum_args(ga), runs, channels_last_threads,
-                                 detail::roi_gather_target(ga), ga.active);
-  }
-}
-
-template <class T>
-Tensor emulate_exact(const Case& c, DType dt, Layout layout, bool channels_last_threads,
-                     detail::GradRounding rounding = detail::GradRounding::kNone) {
-  const auto& s = c.shape;
-  Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
-  emulate_exact_into<T>(c, gi.view(), channels_last_threads, rounding);
-  return gi;
-}
-
-detail::GradRounding rounding_of(BackwardMode mode, TruncationFormat format) {
-  if (mode != BackwardMode::kTruncated) return detail::GradRounding::kNone;
-  return format == TruncationFormat::kFloat16 ? detail::GradRounding::kFloat16 : detail::GradRounding::kBFloat16;
-}
-
-/// The CUDA launcher's backward, mode by mode: atomic and truncated scatter, except float64
-/// truncated, which takes the exact mode's phases with truncated sums; exact.
-template <class T>
-void emulate_backward_into(const Case& c, const TensorView& gi, BackwardMode mode, TruncationFormat format,
-                           bool channels_last_threads) {
-  const detail::GradRounding rounding = rounding_of(mode, format);
-  if (mode == BackwardMode::kExact || (mode == BackwardMode::kTruncated && std::is_same_v<T, double>))
-    emulate_exact_into<T>(c, gi, channels_last_threads, rounding);
-  else
-    emulate_scatter_into<T>(c, gi, rounding);
-}
-template <class T>
-Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mode, bool channels_last_threads,
+Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mode,
                         TruncationFormat format = TruncationFormat::kFloat16) {
   const auto& s = c.shape;
   Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
-  emulate_backward_into<T>(c, gi.view(), mode, format, channels_last_threads);
+  gi.fill_bytes(0xCD);
+  emulate_backward_into(c, gi.view(), mode, format);
   return gi;
 }
 
@@ -263,9 +140,9 @@ void check_plane_groups(DType dt, PoolMode pool, std::int64_t sr) {
     Tensor out = Tensor::empty({K, C, 5, 4}, dt, Device::cpu());
     roi_align_forward(c.input, c.rois, out, c.opt, {}, c.argmax);
   }
-  const Tensor expected = emulate_forward<T>(c, dt, Layout::kNCHW, false);
-  const Tensor expected_atomic = emulate_scatter<T>(c, dt, Layout::kNCHW, detail::GradRounding::kNone);
-  const Tensor expected_truncated = emulate_scatter<T>(c, dt, Layout::kNCHW, detail::GradRounding::kFloat16);
+  const Tensor expected = emulate_forward<T>(c, dt, Layout::kNCHW);
+  const Tensor expected_atomic = emulate_backward(c, dt, Layout::kNCHW, BackwardMode::kAtomic);
+  const Tensor expected_truncated = emulate_backward(c, dt, Layout::kNCHW, BackwardMode::kTruncated);
   Tensor expected_am;
   for (int threads : {1, 2, 3}) {
     Context ctx;
@@ -311,24 +188,14 @@ void check_all(const Param& p) {
   Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
   Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
   roi_align_forward(c.input, c.rois, out, c.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
-  for (bool cl : {false, true}) EXPECT_TRUE(test::same_bytes(out, emulate_forward<T>(c, dt, layout, cl))) << "forward";
+  EXPECT_TRUE(test::same_bytes(out, emulate_forward<T>(c, dt, layout))) << "forward";
   // backward, each mode
   for (BackwardMode mode : {BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}) {
     Tensor gi = Tensor::empty({c.shape.N, c.shape.C, c.shape.H, c.shape.W}, dt, Device::cpu(), layout);
     RoiAlignBackwardOptions b;
     b.mode = mode;
     roi_align_backward(c.grad_output, c.rois, gi, c.opt, b, ctx, c.argmax);
-    for (bool cl : {false, true})
-      EXPECT_TRUE(test::same_bytes(gi, emulate_backward<T>(c, dt, layout, mode, cl))) << to_string(mode);
-    if (mode == BackwardMode::kTruncated) {
-      // Both truncated paths give the CPU's bits, whatever the dtype: the scatter (CUDA's path for
-      // 32- and 16-bit) and the slots summed in sorted order (its path for float64).
-      EXPECT_TRUE(test::same_bytes(gi, emulate_scatter<T>(c, dt, layout, detail::GradRounding::kFloat16)))
-          << "truncated, scatter";
-      for (bool cl : {false, true})
-        EXPECT_TRUE(test::same_bytes(gi, emulate_exact<T>(c, dt, layout, cl, detail::GradRounding::kFloat16)))
-            << "truncated, slots";
-    }
+    EXPECT_TRUE(test::same_bytes(gi, emulate_backward(c, dt, layout, mode))) << to_string(mode);
   }
 }
 
@@ -363,7 +230,7 @@ void check_max_specials(DType dt, Layout layout, std::int64_t sr) {
   for (std::size_t i = 200; i < 600; ++i) v[i] = 0.5;  // ties
   c.input = make_tensor({c.shape.N, c.shape.C, c.shape.H, c.shape.W}, dt, v, layout);
   Tensor want_am;
-  const Tensor want = emulate_forward<T>(c, dt, layout, layout == Layout::kNHWC, &want_am);
+  const Tensor want = emulate_forward<T>(c, dt, layout, &want_am);
   for (int threads : {1, 2}) {
     Context ctx;
     ctx.num_threads = threads;
@@ -447,7 +314,7 @@ void check_gapped(DType dt, Layout layout, PoolMode pool, std::int64_t sr, bool 
     b.mode = m.mode;
     b.truncation = m.format;
     roi_align_backward(c.grad_output, c.rois, got.view, c.opt, b, ctx, c.argmax);
-    emulate_backward_into<T>(c, want.view, m.mode, m.format, layout == Layout::kNHWC);
+    emulate_backward_into(c, want.view, m.mode, m.format);
     EXPECT_TRUE(test::same_bytes(got.storage, want.storage))
         << to_string(m.mode) << (m.format == TruncationFormat::kBFloat16 ? " (bfloat16 rounding)" : "");
     // the comparison sees the gaps: they must still hold the poison, and some element must not
@@ -576,13 +443,12 @@ void check_unchecked(DType dt, Layout layout, PoolMode pool, std::int64_t sr) {
     RoiAlignBackwardOptions b;
     b.mode = mode;
     roi_align_backward(c.grad_output, c.rois, gi, c.opt, b, ctx, c.argmax);
-    EXPECT_TRUE(test::same_bytes(gi, emulate_backward<T>(c, dt, layout, mode, layout == Layout::kNHWC)))
-        << to_string(mode);
+    EXPECT_TRUE(test::same_bytes(gi, emulate_backward(c, dt, layout, mode))) << to_string(mode);
   }
   Tensor out = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, dt, Device::cpu(), layout);
   Tensor am = Tensor::empty({c.shape.K, c.shape.C, 5, 4}, DType::kInt32, Device::cpu(), layout);
   roi_align_forward(c.input, c.rois, out, c.opt, ctx, pool == PoolMode::kMax ? am.view() : TensorView{});
-  EXPECT_TRUE(test::same_bytes(out, emulate_forward<T>(c, dt, layout, false))) << "forward";
+  EXPECT_TRUE(test::same_bytes(out, emulate_forward<T>(c, dt, layout))) << "forward";
 }
 
 TEST(RoiAlignEmulated, UncheckedInvalidRowsGiveTheKernelBits) {

@@ -3,8 +3,8 @@
 // backward's mode dispatch with the scatter modes' sequences (atomic adds into grad_input; the
 // truncated mode's dense double buffer, rounded once) and its workspace, and the exact mode's
 // per-roi record offsets, temporary bytes and workspace check. An op passes its own launches in
-// as callables. cuda/roi_launch.cuh binds them to CudaDevice for the backends that still launch
-// their own kernels; tests run them on the emulated device.
+// as callables (src/internal/roi_align_device.h, roi_align_rotated_device.h); the CUDA backends
+// run them on CudaDevice, the emulated tests on the emulated device.
 #pragma once
 
 #include <algorithm>
