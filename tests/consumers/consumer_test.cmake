@@ -25,6 +25,11 @@ if(ACTION STREQUAL "install")
   file(REMOVE_RECURSE "${INSTALL_PREFIX}")
   consumer_run("install" "${CMAKE_COMMAND}" --install "${INSTALL_FROM}" --prefix "${INSTALL_PREFIX}"
                ${_config_args})
+  # The installed API: public headers, and of detail/ only host_device.h (dtype.h includes it).
+  file(GLOB _detail RELATIVE "${INSTALL_PREFIX}" "${INSTALL_PREFIX}/include/detops/detail/*")
+  if(NOT _detail STREQUAL "include/detops/detail/host_device.h")
+    message(FATAL_ERROR "install: include/detops/detail/ holds '${_detail}'; expected host_device.h alone")
+  endif()
 elseif(ACTION STREQUAL "build")
   file(REMOVE_RECURSE "${BINARY_DIR}")
   set(_build_type "")
