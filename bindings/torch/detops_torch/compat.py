@@ -14,7 +14,9 @@
 * mmcv ``mmcv.ops.DeformConv2d`` (DCNv1, ``forward(x, offset)``; RepPoints', VFNet's and Guided
   Anchoring's heads) and ``mmcv.ops.ModulatedDeformConv2d`` (DCNv2, ``forward(x, offset, mask)``;
   DyHead's): the layers without an offset conv of their own (their Packs, which have one, are
-  :class:`detops_torch.DeformConv2dPack` and :class:`detops_torch.ModulatedDeformConv2dPack`).
+  :class:`detops_torch.DeformConv2dPack` and :class:`detops_torch.ModulatedDeformConv2dPack`);
+* detectron2 ``detectron2.layers.DeformConv`` and ``ModulatedDeformConv`` (DCNv1 and DCNv2, with
+  ``norm`` and ``activation``), under detectron2's offset-gradient border rule, which is mmcv's.
 
 Neither detectron2 nor mmcv is needed to use them. :func:`register_mmcv` makes them (and the
 rotated, deformable-convolution and deformable-attention modules of :mod:`detops_torch.nn`)
@@ -22,7 +24,7 @@ nameable from mmdetection and mmrotate configs (``roi_layer=dict(type='DetopsRoI
 ``norm_cfg=dict(type='DetopsSyncBN')``, ``dcn=dict(type='DetopsDCN', ...)`` or ``'DetopsDCNv2'``).
 """
 import importlib
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +33,8 @@ from torch.nn.modules.utils import _pair
 from . import nn as _dnn
 from .distributed import SyncBatchNorm as _SyncBatchNorm
 from .distributed import _GroupMeanGradient
-from .functional import POOL_MODES, _roi_align, check_choice, check_roi_options
+from ._errors import DetopsAssertionError, DetopsError
+from .functional import GATHER_BACKWARD_MODES, POOL_MODES, _deform_conv2d, _roi_align, check_choice, check_roi_options
 from .nn import _checked_im2col_step, _checked_rois, _renamed_kwargs
 
 # torch.fx.wrap patches the globals of the module that registers a function: the leaves called
@@ -39,8 +42,10 @@ from .nn import _checked_im2col_step, _checked_rois, _renamed_kwargs
 torch.fx.wrap("_roi_align")
 torch.fx.wrap("_checked_rois")
 torch.fx.wrap("_checked_im2col_step")
+torch.fx.wrap("_deform_conv2d")
 
-__all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "SyncBatchNorm", "register_mmcv"]
+__all__ = ["ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "SyncBatchNorm", "DeformConv", "ModulatedDeformConv",
+           "register_mmcv"]
 
 
 class ROIAlign(nn.Module):
@@ -211,6 +216,119 @@ class ModulatedDeformConv2d(_dnn._MmcvModulatedDeformConv2d):
 
     def forward(self, x: Tensor, offset: Tensor, mask: Tensor) -> Tensor:
         return self._deform(x, offset, self.bias, mask)
+
+
+@torch.fx.wrap
+def _d2_deform(x: Tensor, offset: Tensor, mask: Optional[Tensor], weight: Tensor, bias: Optional[Tensor],
+               stride: Tuple[int, int], padding: Tuple[int, int], dilation: Tuple[int, int], deformable_groups: int,
+               backward_mode: str, owner: str) -> Tensor:
+    # detectron2's forward: an empty input gives an empty output of the convolution's shape (its
+    # _NewEmptyTensorOp; gradients flow as zeros); otherwise the op under mmcv's border rule, which
+    # is detectron2's too (its kernels zero the offset gradient of a sample at exactly -1). A leaf
+    # under FX (it branches on the input's size).
+    if x.dim() != 4:  # detectron2's _DeformConv: "Expected 4D tensor as input, got {}D tensor instead."
+        raise DetopsError(f"{owner}: Expected 4D tensor as input, got {x.dim()}D tensor instead.")
+    if x.numel() == 0:
+        size = [x.size(0), weight.size(0)] + [(i + 2 * p - (d * (k - 1) + 1)) // s + 1 for i, p, d, k, s in zip(
+            x.shape[-2:], padding, dilation, weight.shape[-2:], stride)]
+        return x.new_zeros(size) + x.sum() * 0  # empty, and connected to x for autograd
+    if x.size(1) % deformable_groups != 0:
+        raise DetopsError(owner + ": input channels must divide deformable group size: input has "
+                          + str(x.size(1)) + " channels, deformable_groups is " + str(deformable_groups))
+    return _deform_conv2d(x, offset, weight, bias, stride, padding, dilation, mask, backward_mode, "mmcv")
+
+
+class _D2DeformConvBase(nn.Module):
+    """What detectron2's two deformable convolutions share: the constructor's checks, attributes,
+    Kaiming-uniform (ReLU) weight, the optional ``norm`` and ``activation`` applied after the
+    convolution, and the repr."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deformable_groups,
+                 bias, norm, activation, backward_mode):
+        super().__init__()
+        owner = type(self).__name__
+        if in_channels % groups != 0:  # detectron2's asserts, with its words
+            raise DetopsAssertionError(f"in_channels {in_channels} cannot be divisible by groups {groups}")
+        if out_channels % groups != 0:
+            raise DetopsAssertionError(f"out_channels {out_channels} cannot be divisible by groups {groups}")
+        if deformable_groups <= 0:
+            raise DetopsError(f"{owner}: deformable_groups is {deformable_groups}; expected a positive count")
+        check_choice(owner, "backward_mode", backward_mode, GATHER_BACKWARD_MODES)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.groups = groups
+        self.deformable_groups = deformable_groups
+        self.norm = norm
+        self.activation = activation
+        self.backward_mode = backward_mode
+        self._owner = owner
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        nn.init.kaiming_uniform_(self.weight, nonlinearity="relu")
+
+    def _forward(self, x: Tensor, offset: Tensor, mask: Optional[Tensor]) -> Tensor:
+        x = _d2_deform(x, offset, mask, self.weight, self.bias, _pair(self.stride), _pair(self.padding),
+                       _pair(self.dilation), self.deformable_groups, self.backward_mode, self._owner)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
+
+    def extra_repr(self) -> str:
+        return (f"in_channels={self.in_channels}, out_channels={self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"deformable_groups={self.deformable_groups}, bias={self.bias is not None}")
+
+
+class DeformConv(_D2DeformConvBase):
+    """detectron2's ``DeformConv`` (DCNv1): ``(in_channels, out_channels, kernel_size, stride=1,
+    padding=0, dilation=1, groups=1, deformable_groups=1, bias=False, norm=None, activation=None)``
+    (``bias`` must be False, as detectron2 asserts), ``forward(x, offset)``, its initialisation,
+    state dict (``weight``, and the norm's) and repr, under detectron2's (mmcv's) border rule of the
+    offset gradient; the keyword-only ``backward_mode`` is the backward mode. Unlike detectron2
+    it runs on the CPU too; like mmcv it refuses in the forward an input whose channels
+    ``deformable_groups`` does not divide."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, deformable_groups: int = 1, bias: bool = False, norm=None, activation=None, *,
+                 backward_mode: str = "exact"):
+        if bias:
+            raise DetopsAssertionError("DeformConv: bias=True is not supported (detectron2 asserts not bias)")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deformable_groups,
+                         bias, norm, activation, backward_mode)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor, offset: Tensor) -> Tensor:
+        return self._forward(x, offset, None)
+
+
+class ModulatedDeformConv(_D2DeformConvBase):
+    """detectron2's ``ModulatedDeformConv`` (DCNv2): ``(in_channels, out_channels, kernel_size,
+    stride=1, padding=0, dilation=1, groups=1, deformable_groups=1, bias=True, norm=None,
+    activation=None)``, ``forward(x, offset, mask)``, its initialisation (Kaiming-uniform weight,
+    zero bias), state dict and repr (stride, padding and dilation kept as given, as detectron2
+    keeps them), under detectron2's (mmcv's) border rule; keyword-only ``backward_mode``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, deformable_groups: int = 1, bias: bool = True, norm=None, activation=None, *,
+                 backward_mode: str = "exact"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, deformable_groups,
+                         bias, norm, activation, backward_mode)
+        self.stride = stride
+        self.padding = padding
+        self.dilation = dilation
+        self.with_bias = bias
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_channels))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor, offset: Tensor, mask: Tensor) -> Tensor:
+        return self._forward(x, offset, mask)
 
 
 def register_mmcv(force: bool = True) -> Dict[str, object]:

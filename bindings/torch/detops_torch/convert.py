@@ -124,6 +124,21 @@ def _mmcv_deform_conv(cls, taken: Tuple[str, ...]) -> Callable[[nn.Module, Dict[
     return build
 
 
+def _d2_deform_conv(cls, taken: Tuple[str, ...]) -> Callable[[nn.Module, Dict[str, object]], nn.Module]:
+    """The builder for detectron2's DeformConv / ModulatedDeformConv: their constructor arguments
+    as the old module holds them; the Parameters, norm and activation in ``taken`` are the old
+    module's."""
+
+    def build(m: nn.Module, opts) -> nn.Module:
+        bias = {} if cls is compat.DeformConv else {"bias": m.bias is not None}
+        new = _built_quietly(lambda: cls(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+                                         m.dilation, m.groups, m.deformable_groups, norm=m.norm,
+                                         activation=m.activation, backward_mode=_gather_mode(opts), **bias))
+        return _take(new, m, taken)
+
+    return build
+
+
 def _mmcv_ms_deform_attn(m: nn.Module, opts) -> nn.Module:
     new = _built_quietly(lambda: _dnn.MultiScaleDeformableAttention(
         m.embed_dims, m.num_heads, m.num_levels, m.num_points, m.im2col_step, m.dropout.p, m.batch_first,
@@ -159,6 +174,9 @@ TARGETS: Dict[Tuple[str, str], Callable[[nn.Module, Dict[str, object]], nn.Modul
     ("mmcv.ops.modulated_deform_conv", "ModulatedDeformConv2dPack"): _mmcv_deform_conv(
         _dnn.ModulatedDeformConv2dPack, ("weight", "bias", "conv_offset")),
     ("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention"): _mmcv_ms_deform_attn,
+    ("detectron2.layers.deform_conv", "DeformConv"): _d2_deform_conv(compat.DeformConv, ("weight",)),
+    ("detectron2.layers.deform_conv", "ModulatedDeformConv"): _d2_deform_conv(compat.ModulatedDeformConv,
+                                                                             ("weight", "bias")),
     # Deformable-DETR (and the DETR family that vendors its ops) imports it from models/ops
     ("models.ops.modules.ms_deform_attn", "MSDeformAttn"): _detr_ms_deform_attn,
 }
@@ -178,7 +196,7 @@ def _convert(m: nn.Module, opts) -> nn.Module:
     new = _replacement(m, opts)
     if new is not None:
         new.train(m.training)
-        return new
+        m = new  # and its children (e.g. the norm a detectron2 DeformConv carries) converted too
     for name, child in list(m.named_children()):
         new_child = _convert(child, opts)
         if new_child is not child:
@@ -188,8 +206,8 @@ def _convert(m: nn.Module, opts) -> nn.Module:
 
 def convert(model: nn.Module, batchnorm: Optional[str] = None, **options) -> nn.Module:
     """Swaps, in place, every torchvision ``RoIAlign``, ``MultiScaleRoIAlign``,
-    ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated`` and
-    ``FrozenBatchNorm2d``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``SyncBatchNorm``, ``DeformConv2d``,
+    ``FrozenBatchNorm2d`` and ``DeformConv2d``, detectron2 ``ROIAlign``, ``ROIAlignRotated``,
+    ``FrozenBatchNorm2d``, ``DeformConv`` and ``ModulatedDeformConv``, mmcv ``RoIAlign``, ``RoIAlignRotated``, ``SyncBatchNorm``, ``DeformConv2d``,
     ``DeformConv2dPack``, ``ModulatedDeformConv2d``, ``ModulatedDeformConv2dPack`` and
     ``MultiScaleDeformableAttention``, and Deformable-DETR ``MSDeformAttn`` in ``model`` for the
     detops module with the same configuration, parameters and buffers.

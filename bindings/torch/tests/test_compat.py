@@ -63,7 +63,8 @@ class FixtureAnchorTest(SignatureMixin, unittest.TestCase):
 
     def test_fixture_is_read(self):
         self.assertEqual(sorted(_load_fixtures()),
-                         ["detectron2.FrozenBatchNorm2d", "detectron2.ROIAlign", "detectron2.ROIAlignRotated",
+                         ["detectron2.DeformConv", "detectron2.FrozenBatchNorm2d",
+                          "detectron2.ModulatedDeformConv", "detectron2.ROIAlign", "detectron2.ROIAlignRotated",
                           "mmcv.DeformConv2d", "mmcv.DeformConv2dPack", "mmcv.ModulatedDeformConv2d",
                           "mmcv.ModulatedDeformConv2dPack", "mmcv.RoIAlign", "mmcv.RoIAlignRotated"])
 
@@ -248,6 +249,69 @@ class CompatBehaviourTest(unittest.TestCase):
                                      m(feats, boxes, [(18, 22), (18, 20)]), "scripted MultiScaleRoIAlign")
             else:
                 assert_bitwise_equal(self, scripted(x, rois), m(x, rois), type(m).__name__)
+
+
+class Detectron2DeformConvTest(unittest.TestCase):
+    """detectron2's DeformConv / ModulatedDeformConv stand-ins: its border rule (mmcv's), empty
+    inputs, norm and activation, its asserts, FX."""
+
+    def _inputs(self, n=2, c=4, h=7, w=8, groups=1, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64, requires_grad=True)
+        offset = torch.zeros(n, 2 * groups * 9, h, w, dtype=torch.float64, requires_grad=True)  # a fresh layer's
+        mask = torch.rand(n, groups * 9, h, w, generator=g, dtype=torch.float64, requires_grad=True)
+        return x, offset, mask
+
+    def test_fresh_layer_takes_detectron2s_border_rule(self):
+        torch.manual_seed(0)
+        m = compat.ModulatedDeformConv(4, 6, 3, padding=1).double()
+        x, offset, mask = self._inputs()
+        out = m(x, offset, mask)
+        out.square().sum().backward()
+        for rule in ("mmcv", "torchvision"):
+            xr, offr, maskr = (t.detach().clone().requires_grad_(True) for t in (x, offset, mask))
+            ref = detops_torch.deform_conv2d(xr, offr, m.weight, m.bias, padding=(1, 1), mask=maskr, border_rule=rule)
+            ref.square().sum().backward()
+            if rule == "mmcv":
+                assert_bitwise_equal(self, out, ref, "output")
+                assert_bitwise_equal(self, offset.grad, offr.grad, "grad_offset under detectron2's rule")
+            else:  # every border tap of a fresh padded layer sits at exactly -1: the rules differ
+                self.assertFalse(torch.equal(offset.grad, offr.grad))
+
+    def test_norm_and_activation_follow_the_convolution(self):
+        torch.manual_seed(1)
+        norm = torch.nn.GroupNorm(2, 6).double()
+        m = compat.ModulatedDeformConv(4, 6, 3, padding=1, norm=norm, activation=torch.relu).double()
+        x, offset, mask = self._inputs(seed=1)
+        plain = detops_torch.deform_conv2d(x, offset, m.weight, m.bias, padding=(1, 1), mask=mask, border_rule="mmcv")
+        assert_bitwise_equal(self, m(x, offset, mask), torch.relu(norm(plain)), "norm then activation")
+        self.assertIn("norm", dict(m.named_children()))
+
+    def test_empty_input_gives_an_empty_output_of_the_right_shape(self):
+        m = compat.DeformConv(4, 6, 3, stride=2, padding=1).double()
+        x = torch.zeros(0, 4, 9, 10, dtype=torch.float64, requires_grad=True)
+        out = m(x, torch.zeros(0, 18, 5, 5, dtype=torch.float64))
+        self.assertEqual(list(out.shape), [0, 6, 5, 5])
+        out.sum().backward()  # gradients flow (as zeros) like detectron2's _NewEmptyTensorOp
+        self.assertEqual(list(x.grad.shape), [0, 4, 9, 10])
+
+    def test_detectron2s_asserts_and_the_forwards_deformable_groups_check(self):
+        with self.assertRaises(AssertionError):
+            compat.DeformConv(4, 6, 3, bias=True)
+        with self.assertRaisesRegex(AssertionError, "in_channels 5 cannot be divisible by groups 2"):
+            compat.ModulatedDeformConv(5, 6, 3, groups=2)
+        m = compat.DeformConv(6, 6, 3, padding=1, deformable_groups=4)  # builds, as detectron2's does
+        with self.assertRaisesRegex(ValueError, "input channels must divide deformable group size"):
+            m(torch.randn(1, 6, 5, 5), torch.zeros(1, 72, 5, 5))
+        with self.assertRaisesRegex(ValueError, "Expected 4D tensor as input, got 3D"):
+            m(torch.randn(6, 5, 5), torch.zeros(72, 5, 5))
+
+    def test_fx_traces_both(self):
+        for m, args in ((compat.DeformConv(4, 6, 3, padding=1).double(), self._inputs()[:2]),
+                        (compat.ModulatedDeformConv(4, 6, 3, padding=1).double(), self._inputs())):
+            with self.subTest(module=type(m).__name__):
+                traced = torch.fx.symbolic_trace(m)
+                assert_bitwise_equal(self, traced(*args), m(*args), "traced")
 
 
 class RegisterMmcvTest(unittest.TestCase):

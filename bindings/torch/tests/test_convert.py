@@ -325,6 +325,9 @@ MmcvModulatedDeformConv2d = _fake_class("mmcv.ops.modulated_deform_conv", "Modul
 MmcvMSDA = _fake_class("mmcv.ops.multi_scale_deform_attn", "MultiScaleDeformableAttention",
                        base=detops_torch.MultiScaleDeformableAttention)
 DetrMSDeformAttn = _fake_class("models.ops.modules.ms_deform_attn", "MSDeformAttn", base=detops_torch.MSDeformAttn)
+D2DeformConv = _fake_class("detectron2.layers.deform_conv", "DeformConv", base=compat.DeformConv)
+D2ModulatedDeformConv = _fake_class("detectron2.layers.deform_conv", "ModulatedDeformConv",
+                                    base=compat.ModulatedDeformConv)
 
 
 def _rotated_rois(gen, batch, count, size):
@@ -386,6 +389,16 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
                          (2, 2, (2, 2), (2, 2), 8, "atomic"))
         assert_bitwise_equal(self, v1(x), ref[2], "DeformConv2dPack")
 
+    @staticmethod
+    def _offset_inputs(gen):
+        """x [2, 4, 9, 11]; a DCNv1 offset for 2 deformable groups at stride 2; a DCNv2 offset and
+        mask for 1 group at stride 1."""
+        x = torch.rand(2, 4, 9, 11, generator=gen, dtype=torch.float64)
+        off1 = torch.randn(2, 2 * 2 * 9, 5, 6, generator=gen, dtype=torch.float64)
+        off2 = torch.randn(2, 2 * 9, 9, 11, generator=gen, dtype=torch.float64)
+        mask2 = torch.rand(2, 9, 9, 11, generator=gen, dtype=torch.float64)
+        return x, off1, off2, mask2
+
     def test_mmcv_layers_that_take_offsets(self):
         gen = torch.Generator().manual_seed(8)
         model = nn.ModuleDict({"v1": MmcvDeformConv2d(4, 6, 3, stride=2, padding=1, groups=2, deform_groups=2,
@@ -393,10 +406,7 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
                                "v2": MmcvModulatedDeformConv2d(4, 6, 3, padding=2, dilation=2, bias=False)})
         self._randomize(model, gen)
         model.double()
-        x = torch.rand(2, 4, 9, 11, generator=gen, dtype=torch.float64)
-        off1 = torch.randn(2, 2 * 2 * 9, 5, 6, generator=gen, dtype=torch.float64)
-        off2 = torch.randn(2, 2 * 9, 9, 11, generator=gen, dtype=torch.float64)
-        mask2 = torch.rand(2, 9, 9, 11, generator=gen, dtype=torch.float64)
+        x, off1, off2, mask2 = self._offset_inputs(gen)
         ref = [model["v1"](x, off1), model["v2"](x, off2, mask2)]
         params = {k: v for k, v in model.named_parameters()}
         detops_torch.convert(model, backward_mode="atomic")
@@ -409,6 +419,32 @@ class ConvertRotatedAndDeformableTest(unittest.TestCase):
             self.assertIs(v, params[k], k)
         assert_bitwise_equal(self, model["v1"](x, off1), ref[0], "DeformConv2d")
         assert_bitwise_equal(self, model["v2"](x, off2, mask2), ref[1], "ModulatedDeformConv2d")
+
+    def test_detectron2_deformable_convolutions_and_their_norms(self):
+        # detectron2's DeformConv / ModulatedDeformConv (its border rule, which is mmcv's), the very
+        # Parameters kept; their norm is converted too (a detectron2 FrozenBatchNorm2d here).
+        gen = torch.Generator().manual_seed(9)
+        model = nn.ModuleDict({
+            "v1": D2DeformConv(4, 6, 3, stride=2, padding=1, groups=2, deformable_groups=2,
+                               norm=D2FrozenBatchNorm2d(6), activation=torch.relu),
+            "v2": D2ModulatedDeformConv(4, 6, 3, padding=2, dilation=2, bias=False)})
+        self._randomize(model, gen)
+        model.double()
+        x, off1, off2, mask2 = self._offset_inputs(gen)
+        ref = [model["v1"](x, off1), model["v2"](x, off2, mask2)]
+        params = {k: v for k, v in model.named_parameters()}
+        detops_torch.convert(model, backward_mode="atomic")
+        self.assertIs(type(model["v1"]), compat.DeformConv)
+        self.assertIs(type(model["v2"]), compat.ModulatedDeformConv)
+        self.assertIs(type(model["v1"].norm), compat.FrozenBatchNorm2d)
+        self.assertIs(model["v1"].activation, torch.relu)
+        self.assertEqual((model["v1"].deformable_groups, model["v1"].groups, model["v1"].stride,
+                          model["v1"].backward_mode), (2, 2, (2, 2), "atomic"))
+        self.assertIsNone(model["v2"].bias)
+        for k, v in model.named_parameters():
+            self.assertIs(v, params[k], k)
+        assert_bitwise_equal(self, model["v1"](x, off1), ref[0], "DeformConv with its norm and activation")
+        assert_bitwise_equal(self, model["v2"](x, off2, mask2), ref[1], "ModulatedDeformConv")
 
     @unittest.skipUnless(torchvision is not None, "torchvision is not installed")
     def test_torchvision_deform_conv2d(self):
