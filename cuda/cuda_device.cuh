@@ -26,6 +26,52 @@ __global__ void run_body_kernel(Body body, std::int64_t n) {
   DETOPS_GRID_STRIDE(t, n) body(t);
 }
 
+/// The same, compiled for two resident blocks per SM (bodies that keep many values in registers:
+/// SyncBatchNorm's NHWC chunk reductions).
+template <class Body>
+__global__ void __launch_bounds__(kBlock, 2) run_body_occupied_kernel(Body body, std::int64_t n) {
+  DETOPS_GRID_STRIDE(t, n) body(t);
+}
+
+/// The thread group of the device (the interface of detail/sync_batch_norm_kernels.h's warp and
+/// block bodies): the calling thread; butterfly = __shfl_xor_sync over a warp, sync =
+/// __syncthreads, shared<V, N>() one __shared__ array per (V, N) per block.
+constexpr int kWarpLanes = 32;
+__device__ __forceinline__ double shfl_xor(double v, int off) { return __shfl_xor_sync(0xffffffffu, v, off); }
+__device__ __forceinline__ __int128 shfl_xor(__int128 v, int off) {
+  const auto u = static_cast<unsigned __int128>(v);
+  unsigned long long lo = static_cast<unsigned long long>(u);
+  unsigned long long hi = static_cast<unsigned long long>(u >> 64);
+  lo = __shfl_xor_sync(0xffffffffu, lo, off);
+  hi = __shfl_xor_sync(0xffffffffu, hi, off);
+  return static_cast<__int128>((static_cast<unsigned __int128>(hi) << 64) | static_cast<unsigned __int128>(lo));
+}
+struct DeviceThread {
+  static constexpr int kRun = 1;
+  __device__ int thread(int) const { return static_cast<int>(threadIdx.x); }
+  __device__ int lane(int) const { return static_cast<int>(threadIdx.x % kWarpLanes); }
+  __device__ std::int64_t block() const { return blockIdx.x; }
+  __device__ std::int64_t blocks() const { return gridDim.x; }
+  __device__ int threads() const { return static_cast<int>(blockDim.x); }
+  template <class V, class Op>
+  __device__ void butterfly(V* v, Op op) const {
+#pragma unroll
+    for (int off = kWarpLanes / 2; off >= 1; off /= 2) v[0] = op(v[0], shfl_xor(v[0], off));
+  }
+  __device__ void sync() const { __syncthreads(); }
+  template <class V, int N>
+  __device__ V* shared() const {
+    __shared__ V s[N];
+    return s;
+  }
+};
+
+/// A group body over a grid of blocks of kBlock threads: body(the calling thread's group).
+template <class Body>
+__global__ void run_group_kernel(Body body) {
+  body(DeviceThread{});
+}
+
 /// The atomic modes' add: an atomicAdd into base[offset], rounded as the anchors round.
 template <class T>
 struct CudaAtomicAdd {
@@ -45,6 +91,13 @@ struct CudaAtomicAddI64 {
   }
 };
 
+/// SyncBatchNorm's exponents: an integer maximum, order-independent.
+struct CudaAtomicMaxI64 {
+  __device__ void operator()(std::int64_t* p, std::int64_t v) const {
+    atomicMax(reinterpret_cast<long long*>(p), static_cast<long long>(v));
+  }
+};
+
 struct CudaDevice {
   const Context& ctx;
   const char* op;
@@ -53,11 +106,34 @@ struct CudaDevice {
   using Add = CudaAtomicAdd<T>;
   using MinU64 = CudaAtomicMinU64;
   using AddI64 = CudaAtomicAddI64;
+  using MaxI64 = CudaAtomicMaxI64;
 
   template <class Body>
   void launch(const char* name, std::int64_t n, const Body& body) const {
     if (n <= 0) return;
     run_body_kernel<Body><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(body, n);
+    check_launch(name, op, ctx);
+  }
+  template <class Body>
+  void launch_occupied(const char* name, std::int64_t n, const Body& body) const {
+    if (n <= 0) return;
+    run_body_occupied_kernel<Body><<<grid_for(n), kBlock, 0, stream_of(ctx)>>>(body, n);
+    check_launch(name, op, ctx);
+  }
+  /// body(group) on every thread of `blocks` blocks of kBlock threads (warp bodies and block
+  /// bodies alike: the group is the calling thread).
+  template <class Body>
+  void launch_warps(const char* name, unsigned blocks, const Body& body) const {
+    launch_groups(name, blocks, body);
+  }
+  template <class Body>
+  void launch_blocks(const char* name, unsigned blocks, const Body& body) const {
+    launch_groups(name, blocks, body);
+  }
+  template <class Body>
+  void launch_groups(const char* name, unsigned blocks, const Body& body) const {
+    if (blocks == 0) return;
+    run_group_kernel<Body><<<blocks, kBlock, 0, stream_of(ctx)>>>(body);
     check_launch(name, op, ctx);
   }
   void zero(void* p, std::size_t bytes) const {

@@ -11,7 +11,8 @@ Each file is restored after its mutation, also when the script is interrupted. E
 mutants are left out: flipping a thread-order flag (phase 3's, the atomic scatter's) changes which
 thread writes which element, not any element's sum order, so no result can show it; a larger
 sentinel than needed still sorts last and is skipped; FrozenBatchNorm2d's generic bodies where the
-vector ones fit give the same bits by design.
+vector ones fit give the same bits by design, and so do SyncBatchNorm's generic apply in place of
+a flat one and a block-stride reduction over fewer blocks.
 """
 
 import argparse
@@ -133,7 +134,36 @@ ROI_ALIGN = [
     ("roi check over one row short", A, 'dev.launch("roi_align_check", s.K,', 'dev.launch("roi_align_check", s.K - 1,'),
 ]
 
+B = "src/internal/sync_batch_norm_device.h"
+SYNC_BATCH_NORM = [
+    ("chunk units one short (NHWC)", B, 'dev.launch_occupied("sbn_moments_units", units,',
+     'dev.launch_occupied("sbn_moments_units", units - 1,'),
+    ("exponent words preset to 0", B, "sbn_device::FillWordsBody{call.out, detail::kSbnZeroExponent}",
+     "sbn_device::FillWordsBody{call.out, 0}"),
+    ("exact reduce with the count off by one", B, "ExactReduceBody{detail::SbnExactReduceArgs{a.partial, g, count, record}}",
+     "ExactReduceBody{detail::SbnExactReduceArgs{a.partial, g, count + 1, record}}"),
+    ("num_batches_tracked bumped before finalize reads it", B,
+     """  sbn_device::with_depth(args.ranks, [&](auto depth) {
+    dev.launch("sbn_finalize", args.channels, sbn_device::FinalizeBody<decltype(depth)::value>{args});
+  });
+  if (args.num_batches_tracked && args.running_mean.data)  // after every channel has read it
+    dev.launch("sbn_bump_batches", 1, sbn_device::BumpBatchesBody{args});""",
+     """  if (args.num_batches_tracked && args.running_mean.data)
+    dev.launch("sbn_bump_batches", 1, sbn_device::BumpBatchesBody{args});
+  sbn_device::with_depth(args.ranks, [&](auto depth) {
+    dev.launch("sbn_finalize", args.channels, sbn_device::FinalizeBody<decltype(depth)::value>{args});
+  });"""),
+    ("gradient coefficients for C - 1 channels", B, 'dev.launch("sbn_grad_coef", g.C,', 'dev.launch("sbn_grad_coef", g.C - 1,'),
+    ("backward exponents from the forward pass", B,
+     "if (backward) sbn_device::order_free<T, detail::SbnOrderFreePass::kScalesBackward>",
+     "if (backward) sbn_device::order_free<T, detail::SbnOrderFreePass::kScalesForward>"),
+    ("tree merging the other ping-pong buffer first", B,
+     "TreeBody<SbnSums>{detail::SbnTreeArgs<SbnSums>{a, b, g, count, record}}",
+     "TreeBody<SbnSums>{detail::SbnTreeArgs<SbnSums>{b, a, g, count, record}}"),
+]
+
 SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
+          ("detops_sync_batch_norm_emulated_test", SYNC_BATCH_NORM),
           ("detops_roi_align_emulated_test", ROI_ALIGN),
           ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN),
           ("detops_frozen_batch_norm_emulated_test", FROZEN_BN),

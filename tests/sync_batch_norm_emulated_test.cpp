@@ -1,6 +1,7 @@
-// SyncBatchNorm's CUDA kernel bodies (detops/detail/sync_batch_norm_kernels.h), run on the CPU over
-// an emulated grid in the launch sequences of cuda/sync_batch_norm_cuda.cu, against the CPU
-// backend, byte for byte. Warps run their 32 lanes in lockstep (the butterfly of the shuffle
+// SyncBatchNorm's CUDA backend run on the CPU: its own launch sequences
+// (internal/sync_batch_norm_device.h, the code cuda/sync_batch_norm_cuda.cu runs on CudaDevice) of
+// the kernel bodies (detops/detail/sync_batch_norm_kernels.h) on an emulated device, against the
+// CPU backend, byte for byte, from poisoned scratch. Warps run their 32 lanes in lockstep (the butterfly of the shuffle
 // reduction), blocks run phase by phase (the barriers); each case runs four times: with the
 // launchers' grids and threads in order; with one block (every grid-stride and block-stride loop
 // wraps, a block kernel's shared memory is reused) and every phase's threads last to first (a read of a value that the
@@ -32,7 +33,10 @@
 
 #include "detops/detail/sync_batch_norm_kernels.h"
 #include "detops/sync_batch_norm.h"
+#include "emulated_device.h"
 #include "internal/common.h"
+#include "internal/sync_batch_norm_backend.h"
+#include "internal/sync_batch_norm_device.h"
 #include "sync_batch_norm_test_util.h"
 #include "test_util.h"
 
@@ -57,21 +61,6 @@ struct Emu {
   bool warp_turns = false;
   unsigned grid(unsigned launcher_blocks) const { return small_grid ? 1u : launcher_blocks; }
 };
-
-/// cuda_check.cuh's grid_for: blocks for a grid-stride loop over n items.
-unsigned grid_for(std::int64_t n) {
-  const std::int64_t blocks = std::max<std::int64_t>((n + kBlock - 1) / kBlock, 1);
-  return static_cast<unsigned>(std::min<std::int64_t>(blocks, 1 << 20));
-}
-
-/// A DETOPS_GRID_STRIDE kernel: every thread (b, t) of the grid, f(i) for its indices.
-template <class F>
-void run_grid_stride(unsigned blocks, std::int64_t n, F&& f) {
-  const std::int64_t stride = static_cast<std::int64_t>(blocks) * kBlock;
-  for (unsigned b = 0; b < blocks; ++b)
-    for (int t = 0; t < kBlock; ++t)
-      for (std::int64_t i = static_cast<std::int64_t>(b) * kBlock + t; i < n; i += stride) f(i);
-}
 
 /// A warp-level kernel: each warp of each block, its 32 lanes in lockstep.
 template <class F>
@@ -179,253 +168,104 @@ void run_blocks(unsigned blocks, const Emu& e, F&& f) {
   }
 }
 
-/// f(std::true_type) or f(std::false_type).
-template <class F>
-void with_bool(bool v, F&& f) {
-  if (v) f(std::true_type{});
-  else f(std::false_type{});
-}
-
-/// Device scratch is not initialized: the emulation's is poisoned, so a read of a slot no kernel
-/// wrote shows up in the results.
-template <class R>
-std::vector<R> poisoned(std::int64_t n) {
-  std::vector<R> v(static_cast<std::size_t>(n));
-  std::memset(static_cast<void*>(v.data()), 0xCD, v.size() * sizeof(R));
-  return v;
-}
-
 detail::SbnParam param_of(const TensorView& v) {
   if (!v.defined()) return {nullptr, false, 0};
   return {v.data, v.dtype == DType::kFloat64, v.strides[0]};
 }
 
 // ---------------------------------------------------------------------------------------------
-// The CUDA backend's launch sequences, over the emulated grid.
+// The CUDA backend's own launch sequences (internal/sync_batch_norm_device.h) on the emulated device
 
-template <class T, detail::SbnOrderFreePass P>
-void emu_order_free(const detail::SbnPassArgs<T>& a, bool threads, bool uniform, const Emu& e) {
-  const std::int64_t units = a.g.C * a.g.K;
-  auto amax = [](std::int64_t* p, std::int64_t v) { *p = std::max(*p, v); };  // atomicMax
-  with_bool(uniform, [&](auto uni) {
-    constexpr bool kU = decltype(uni)::value;
-    if (threads) {
-      run_grid_stride(e.grid(grid_for(units)), units,
-                      [&](std::int64_t u) { detail::sbn_order_free_unit<T, kU, P>(u, a, amax); });
-    } else {
-      run_warps(e.grid(detail::sbn_warp_grid(units)), e.reverse,
-                [&](const auto& grp) { detail::sbn_order_free_warp<T, kU, P>(a, grp, amax); });
-    }
-  });
-}
-
-template <class T>
-detail::SbnPassArgs<T> pass_args(const TensorView& x, const TensorView& dy, const double* mean) {
-  detail::SbnPassArgs<T> a{};
-  a.x = static_cast<const T*>(x.data);
-  a.dy = dy.defined() ? static_cast<const T*>(dy.data) : nullptr;
-  a.sx = detail::sbn_src(x.sizes, x.strides);
-  a.sg = dy.defined() ? detail::sbn_src(dy.sizes, dy.strides) : a.sx;
-  a.g = detail::sbn_shape(x.sizes);
-  a.mean = mean;
-  return a;
-}
-
-template <class T>
-void emu_local_scales(const TensorView& x, const TensorView& dy, const double* mean, std::int64_t* scales,
-                      const Emu& e) {
-  const bool backward = dy.defined();
-  const SbnShape g = detail::sbn_shape(x.sizes);
-  const std::int64_t words = backward ? 2 * g.C : g.C;
-  if (words == 0) return;
-  run_grid_stride(e.grid(grid_for(words)), words,
-                  [&](std::int64_t i) { detail::sbn_fill_word(i, scales, detail::kSbnZeroExponent); });
-  if (g.C * g.K == 0) return;
-  detail::SbnPassArgs<T> a = pass_args<T>(x, dy, mean);
-  a.scales = scales;
-  const bool threads = internal::channels_innermost(x), uniform = a.sx.uniform && a.sg.uniform;
-  if (backward) emu_order_free<T, detail::SbnOrderFreePass::kScalesBackward>(a, threads, uniform, e);
-  else emu_order_free<T, detail::SbnOrderFreePass::kScalesForward>(a, threads, uniform, e);
-}
-
-void emu_fill_record(std::int64_t* rec, std::int64_t words, std::int64_t count, const Emu& e) {
-  run_grid_stride(e.grid(grid_for(words)), words, [&](std::int64_t i) { detail::sbn_fill_record_word(i, rec, count); });
-}
-
-template <class T>
-void emu_local_default(const TensorView& x, const TensorView& dy, const double* mean, std::int64_t* rec,
-                       const Emu& e) {
-  const SbnShape g = detail::sbn_shape(x.sizes);
-  const SbnSrc sx = detail::sbn_src(x.sizes, x.strides);
-  const std::int64_t count = g.N * g.HW, units = g.C * g.K;
-  if (units == 0) return emu_fill_record(rec, detail::sbn_record_words(g.C, false), count, e);
-  const bool threads = internal::channels_innermost(x);
-  auto tree = [&](auto* a, auto* b) {
-    using R = std::remove_pointer_t<decltype(a)>;
-    run_blocks(e.grid(detail::sbn_channel_grid(g.C)), e,
-               [&](const auto& grp) { detail::sbn_tree_block(detail::SbnTreeArgs<R>{a, b, g, count, rec}, grp); });
+/// The emulated device with SyncBatchNorm's thread groups: grid-stride launches on the launcher's
+/// grid (or one block), warp bodies lockstep per warp, block bodies lockstep per block or as warps
+/// taking turns at the barriers, threads of a phase in order or last to first (Emu).
+struct SbnEmulatedDevice : test::EmulatedDevice {
+  Emu e;
+  struct MaxI64 {  // atomicMax
+    void operator()(std::int64_t* p, std::int64_t v) const { *p = std::max(*p, v); }
   };
-  if (!dy.defined()) {
-    std::vector<detail::SbnMoments> a = poisoned<detail::SbnMoments>(units), b = a;
-    const detail::SbnMomentsArgs<T> args{static_cast<const T*>(x.data), sx, g, a.data()};
-    with_bool(sx.uniform, [&](auto uni) {
-      constexpr bool kU = decltype(uni)::value;
-      if (threads) {
-        run_grid_stride(e.grid(grid_for(units)), units,
-                        [&](std::int64_t u) { detail::sbn_moments_unit<T, kU>(u, args); });
-      } else {
-        run_warps(e.grid(detail::sbn_warp_grid(units)), e.reverse,
-                  [&](const auto& grp) { detail::sbn_moments_warp<T, kU>(args, grp); });
-      }
-    });
-    tree(a.data(), b.data());
-    return;
+  explicit SbnEmulatedDevice(const Emu& emu) : e(emu) {
+    op = "emulated";
+    if (e.small_grid) block = kBlock, blocks = 1;  // grid-stride loops over one block
   }
-  const SbnSrc sg = detail::sbn_src(dy.sizes, dy.strides);
-  std::vector<detail::SbnSums> a = poisoned<detail::SbnSums>(units), b = a;
-  const detail::SbnSumsArgs<T> args{static_cast<const T*>(dy.data), sg, static_cast<const T*>(x.data), sx, mean, g,
-                                    a.data()};
-  with_bool(sx.uniform && sg.uniform, [&](auto uni) {
-    constexpr bool kU = decltype(uni)::value;
-    if (threads) {
-      run_grid_stride(e.grid(grid_for(units)), units, [&](std::int64_t u) { detail::sbn_sums_unit<T, kU>(u, args); });
-    } else {
-      run_warps(e.grid(detail::sbn_warp_grid(units)), e.reverse,
-                [&](const auto& grp) { detail::sbn_sums_warp<T, kU>(args, grp); });
-    }
-  });
-  tree(a.data(), b.data());
-}
+  template <class Body>
+  void launch_occupied(const char* name, std::int64_t n, const Body& body) const {
+    launch(name, n, body);
+  }
+  template <class Body>
+  void launch_warps(const char*, unsigned grid, const Body& body) const {
+    run_warps(e.grid(grid), e.reverse, body);
+  }
+  template <class Body>
+  void launch_blocks(const char*, unsigned grid, const Body& body) const {
+    run_blocks(e.grid(grid), e, body);
+  }
+};
 
-template <class T>
-void emu_local_exact(const TensorView& x, const TensorView& dy, const double* mean, const std::int64_t* exponents,
-                     std::int64_t* rec, const Emu& e) {
-  const SbnShape g = detail::sbn_shape(x.sizes);
-  const std::int64_t count = g.N * g.HW, units = g.C * g.K;
-  if (units == 0) return emu_fill_record(rec, detail::sbn_record_words(g.C, true), count, e);
-  std::vector<detail::SbnPair128> partial = poisoned<detail::SbnPair128>(units);
-  detail::SbnPassArgs<T> a = pass_args<T>(x, dy, mean);
-  a.exponents = exponents;
-  a.partial = partial.data();
-  const bool threads = internal::channels_innermost(x), uniform = a.sx.uniform && a.sg.uniform;
-  if (dy.defined()) emu_order_free<T, detail::SbnOrderFreePass::kExactBackward>(a, threads, uniform, e);
-  else emu_order_free<T, detail::SbnOrderFreePass::kExactForward>(a, threads, uniform, e);
-  run_blocks(e.grid(detail::sbn_channel_grid(g.C)), e, [&](const auto& grp) {
-    detail::sbn_exact_reduce_block(detail::SbnExactReduceArgs{partial.data(), g, count, rec}, grp);
-  });
+/// A pass's scratch (the backend's layout), poisoned: a read of a slot no kernel wrote shows.
+test::PoisonedWorkspace pass_scratch(internal::SbnPass pass, const TensorView& x, bool exact) {
+  return test::PoisonedWorkspace(internal::sbn_pass_layout(pass, x, exact).bytes());
 }
 
 /// local_stats (dy absent) or local_backward.
 void emu_local(const TensorView& x, const TensorView& dy, const double* mean, bool exact, const std::int64_t* scales,
                std::int64_t* rec, const Emu& e) {
-  internal::dispatch_floating(x.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if (exact) emu_local_exact<T>(x, dy, mean, scales, rec, e);
-    else emu_local_default<T>(x, dy, mean, rec, e);
-  });
+  internal::SbnLocalCall call{x, dy, mean, exact, scales, rec};
+  const bool backward = dy.defined();
+  test::PoisonedWorkspace ws =
+      pass_scratch(backward ? internal::SbnPass::kLocalBackward : internal::SbnPass::kLocalStats, x, exact);
+  if (backward) internal::sbn_local_backward_on(SbnEmulatedDevice(e), call, ws.ws);
+  else internal::sbn_local_stats_on(SbnEmulatedDevice(e), call, ws.ws);
 }
 
 void emu_scales(const TensorView& x, const TensorView& dy, const double* mean, std::int64_t* scales, const Emu& e) {
-  internal::dispatch_floating(x.dtype, [&](auto tag) { emu_local_scales<decltype(tag)>(x, dy, mean, scales, e); });
+  internal::sbn_local_scales_on(SbnEmulatedDevice(e), internal::SbnLocalCall{x, dy, mean, false, nullptr, scales});
 }
 
 void emu_merge_scales(const std::int64_t* gathered, std::int64_t ranks, std::int64_t words, std::int64_t* scales,
                       const Emu& e) {
-  if (words <= 0) return;
-  run_grid_stride(e.grid(grid_for(words)), words,
-                  [&](std::int64_t i) { detail::sbn_merge_scales_word(i, gathered, ranks, words, scales); });
+  internal::sbn_merge_scales_on(SbnEmulatedDevice(e), internal::SbnMergeCall{gathered, ranks, words, scales,
+                                                                              Device::cpu()});
 }
 
-/// The finalize kernel of depth D, then the bump (as the launcher: only with running statistics).
+void emu_finalize(const detail::SbnFinalizeArgs& a, const Emu& e) { internal::sbn_finalize_on(SbnEmulatedDevice(e), a); }
+
+void emu_finalize_backward(const detail::SbnBackwardFinalizeArgs& a, const Emu& e) {
+  internal::sbn_finalize_backward_on(SbnEmulatedDevice(e), a);
+}
+
+/// The finalize bodies at a rank-tree depth the launcher would not pick for these ranks (every
+/// depth must give the same bits), launched as the sequence launches them.
 template <int D>
 void emu_finalize_depth(const detail::SbnFinalizeArgs& a, const Emu& e) {
-  if (a.channels > 0)
-    run_grid_stride(e.grid(grid_for(a.channels)), a.channels,
-                    [&](std::int64_t c) { detail::sbn_finalize_channel<D>(a, c); });
-  if (a.num_batches_tracked && a.running_mean.data)
-    run_grid_stride(1, 1, [&](std::int64_t) { detail::sbn_bump_batches(a); });
+  const SbnEmulatedDevice dev(e);
+  dev.launch("sbn_finalize", a.channels, internal::sbn_device::FinalizeBody<D>{a});
+  if (a.num_batches_tracked && a.running_mean.data) dev.launch("sbn_bump_batches", 1, internal::sbn_device::BumpBatchesBody{a});
 }
-void emu_finalize(const detail::SbnFinalizeArgs& a, const Emu& e) {
-  switch (detail::sbn_rank_depth(a.ranks)) {
-    case 8: return emu_finalize_depth<8>(a, e);
-    case 16: return emu_finalize_depth<16>(a, e);
-    default: return emu_finalize_depth<64>(a, e);
-  }
-}
-
 template <int D>
 void emu_finalize_backward_depth(const detail::SbnBackwardFinalizeArgs& a, const Emu& e) {
-  const std::int64_t n = a.channels > 0 ? a.channels : 1;
-  run_grid_stride(e.grid(grid_for(n)), n, [&](std::int64_t i) { detail::sbn_finalize_backward_index<D>(i, a); });
-}
-void emu_finalize_backward(const detail::SbnBackwardFinalizeArgs& a, const Emu& e) {
-  switch (detail::sbn_rank_depth(a.ranks)) {
-    case 8: return emu_finalize_backward_depth<8>(a, e);
-    case 16: return emu_finalize_backward_depth<16>(a, e);
-    default: return emu_finalize_backward_depth<64>(a, e);
-  }
+  SbnEmulatedDevice(e).launch("sbn_finalize_backward", a.channels > 0 ? a.channels : 1,
+                              internal::sbn_device::FinalizeBackwardBody<D>{a});
 }
 
 void emu_eval_stats(const detail::SbnParam& rm, const detail::SbnParam& rv, double eps, std::int64_t C, double* mean,
                     double* invstd, const Emu& e) {
-  if (C <= 0) return;
-  run_grid_stride(e.grid(grid_for(C)), C,
-                  [&](std::int64_t c) { detail::sbn_eval_channel(rm, rv, eps, mean, invstd, c); });
-}
-
-template <class F>
-void with_flat(detail::SbnFlat flat, F&& f) {
-  switch (flat) {
-    case detail::SbnFlat::kNchw: return f(std::integral_constant<detail::SbnFlat, detail::SbnFlat::kNchw>{});
-    case detail::SbnFlat::kNhwc: return f(std::integral_constant<detail::SbnFlat, detail::SbnFlat::kNhwc>{});
-    case detail::SbnFlat::kGeneric: return f(std::integral_constant<detail::SbnFlat, detail::SbnFlat::kGeneric>{});
-  }
+  internal::sbn_eval_stats_on(SbnEmulatedDevice(e), internal::SbnEvalCall{rm, rv, eps, C, mean, invstd, Device::cpu()});
 }
 
 void emu_apply(const TensorView& x, const TensorView& weight, const TensorView& bias, const double* mean,
                const double* invstd, const TensorView& y, const Emu& e) {
-  const SbnShape g = detail::sbn_shape(x.sizes);
-  const std::int64_t total = g.N * g.C * g.HW;
-  if (total == 0) return;
-  const detail::SbnFlat flat = detail::sbn_same_strides(x.strides, y.strides) ? detail::sbn_flat_layout(x.sizes, x.strides)
-                                                                               : detail::SbnFlat::kGeneric;
-  internal::dispatch_floating(x.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const detail::SbnApplyArgs<T> a{static_cast<const T*>(x.data), detail::sbn_src(x.sizes, x.strides),
-                                    static_cast<T*>(y.data),       detail::sbn_src(y.sizes, y.strides),
-                                    g,                             param_of(weight),
-                                    param_of(bias),                mean,
-                                    invstd};
-    with_flat(flat, [&](auto l) {
-      run_grid_stride(e.grid(grid_for(total)), total,
-                      [&](std::int64_t i) { detail::sbn_apply_element<T, decltype(l)::value>(i, a); });
-    });
-  });
+  internal::sbn_apply_on(SbnEmulatedDevice(e),
+                         internal::SbnApplyCall{x, param_of(weight), param_of(bias), mean, invstd, y});
 }
 
 /// sums == nullptr: evaluation mode.
 void emu_backward_apply(const TensorView& dy, const TensorView& x, const TensorView& weight, const double* mean,
                         const double* invstd, const double* sums, const TensorView& dx, const Emu& e) {
-  const SbnShape g = detail::sbn_shape(x.sizes);
-  const std::int64_t total = g.N * g.C * g.HW;
-  if (total == 0) return;
-  std::vector<detail::SbnGradCoef> coef = poisoned<detail::SbnGradCoef>(g.C);
-  const detail::SbnGradCoefArgs ca{param_of(weight), mean, invstd, sums, g.C, coef.data()};
-  run_grid_stride(e.grid(grid_for(g.C)), g.C, [&](std::int64_t c) { detail::sbn_grad_coef_channel(c, ca); });
-  const detail::SbnFlat flat = detail::sbn_same_strides(dy.strides, x.strides) && detail::sbn_same_strides(dy.strides, dx.strides)
-                                   ? detail::sbn_flat_layout(x.sizes, x.strides)
-                                   : detail::SbnFlat::kGeneric;
-  internal::dispatch_floating(x.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const detail::SbnBackwardApplyArgs<T> a{static_cast<const T*>(dy.data), detail::sbn_src(dy.sizes, dy.strides),
-                                            static_cast<const T*>(x.data),  detail::sbn_src(x.sizes, x.strides),
-                                            static_cast<T*>(dx.data),       detail::sbn_src(dx.sizes, dx.strides),
-                                            g,                              coef.data()};
-    with_flat(flat, [&](auto l) {
-      run_grid_stride(e.grid(grid_for(total)), total,
-                      [&](std::int64_t i) { detail::sbn_backward_apply_element<T, decltype(l)::value>(i, a); });
-    });
-  });
+  test::PoisonedWorkspace ws = pass_scratch(internal::SbnPass::kBackwardApply, x, false);
+  internal::sbn_backward_apply_on(SbnEmulatedDevice(e),
+                                  internal::SbnBackwardApplyCall{dy, x, param_of(weight), mean, invstd, sums, dx},
+                                  ws.ws);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 // Strided 4-d tensors in the shared bodies: their strides, the offset of the i-th NCHW-ordered
 // element, and the zero fill every CUDA backward runs on a grad_input a memset cannot clear (the
-// body of cuda/zero_fill.cuh's kernel, run by the emulated tests).
+// body of internal/device_steps.h's zero_fill, run by the emulated tests).
 #pragma once
 
 #include <cstdint>
