@@ -8,7 +8,8 @@
 #               driver fails the check here, before anything is built, since it would make every
 #               CUDA call fail and so every GPU test skip
 #   machine     GPU, driver, nvcc, compilers, the Python with torch and torchvision, NCCL
-# then the build (GoogleTest, configure, build) and, in this order:
+# then the build (GoogleTest, configure, build: what `cmake --workflow --preset gpu` configures and
+# builds, plus the staged dependencies' paths) and, in this order:
 #   tests       ctest -L gpu with CUDA_LAUNCH_BLOCKING=1 (the CUDA backend against the CPU, bit for
 #               bit; the NCCL test when NCCL was found): blocking launches, so that an asynchronous
 #               fault is reported by the test that caused it; FAILED when a GPU is visible but
