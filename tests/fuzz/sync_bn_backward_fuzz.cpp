@@ -55,8 +55,11 @@ BwdRef backward_reference(const BwdInputs& in, bool exact) {
   std::vector<double> sdy_tol(C), sg_tol(C);
   for (std::size_t c = 0; c < C; ++c) {
     const double Gdy = exact ? exact_grid(mdy[c]) : 0.0, Gg = exact ? exact_grid(mg[c]) : 0.0;
-    sdy_tol[c] = (n + 8) * kU64 * ady[c] + n * Gdy;
-    sg_tol[c] = (n + 8) * kU64 * ag[c] + 4 * kU64 * axm[c] + n * Gg;
+    // Each of the n products gy * (x - mean) may land below the normal range (an absolute error
+    // of up to underflow_error each); invstd^2 / n then scales that error in grad_x.
+    const double under = n * underflow_error(DType::kFloat64);
+    sdy_tol[c] = (n + 8) * kU64 * ady[c] + n * Gdy + under;
+    sg_tol[c] = (n + 8) * kU64 * ag[c] + 4 * kU64 * axm[c] + n * Gg + under;
     const double gb = static_cast<double>(sdy[c]), gw = static_cast<double>(sg[c]) * in.invstd[c];
     r.want.gb.push_back(gb);
     r.tol.gb.push_back(sdy_tol[c] + 2 * eps_p * std::fabs(gb) + tiny_p);
@@ -72,9 +75,13 @@ BwdRef backward_reference(const BwdInputs& in, bool exact) {
     if (global) {
       const double m = static_cast<double>(sdy[c]) / n, kx = is * is * static_cast<double>(sg[c]) / n;
       want = (in.gy[i] - m - d * kx) * k;
+      // The bracket's four operations (d, d * kx, two subtractions) may land below the normal
+      // range, where each errs by up to an absolute underflow_error; k then scales that error
+      // (k = w * invstd is large exactly when the variance is tiny).
       tol = std::fabs(k) * (sdy_tol[c] / n + std::fabs(d) * is * is * sg_tol[c] / n) +
             8 * kU64 * std::fabs(k) *
-                (std::fabs(in.gy[i]) + std::fabs(m) + (std::fabs(d) + std::fabs(in.x[i]) + std::fabs(in.mean[c])) * std::fabs(kx));
+                (std::fabs(in.gy[i]) + std::fabs(m) + (std::fabs(d) + std::fabs(in.x[i]) + std::fabs(in.mean[c])) * std::fabs(kx)) +
+            4 * underflow_error(DType::kFloat64) * std::fabs(k);
     } else {
       want = in.gy[i] * k;
       tol = 4 * kU64 * std::fabs(want);
