@@ -368,6 +368,13 @@ endif()
 # it before loading _C.so).
 set(_detops_torch_py_root "${PROJECT_SOURCE_DIR}/bindings/torch/detops_torch")
 file(GLOB_RECURSE _detops_torch_py RELATIVE "${_detops_torch_py_root}" CONFIGURE_DEPENDS "${_detops_torch_py_root}/*.py")
+# A module moved or deleted in the source tree leaves no stale copy here to shadow its new place.
+file(GLOB_RECURSE _detops_torch_py_built RELATIVE "${DETOPS_TORCH_PACKAGE_DIR}" "${DETOPS_TORCH_PACKAGE_DIR}/*.py")
+foreach(_rel IN LISTS _detops_torch_py_built)
+  if(NOT _rel IN_LIST _detops_torch_py AND NOT _rel STREQUAL "_build_info.py")
+    file(REMOVE "${DETOPS_TORCH_PACKAGE_DIR}/${_rel}")
+  endif()
+endforeach()
 set(_detops_torch_py_outputs "")
 foreach(_rel IN LISTS _detops_torch_py)
   add_custom_command(OUTPUT "${DETOPS_TORCH_PACKAGE_DIR}/${_rel}"

@@ -95,7 +95,7 @@ except ImportError as _exc:
 
 _check_build(_build_info)
 torch.ops.load_library(_library_path())
-from . import _ops  # noqa: E402,F401  (fake kernels; autograd and error types for the stable layer)
+from . import _ops  # noqa: E402  (each op's registration, functions, modules and converter entries)
 from ._errors import DetopsAssertionError, DetopsError, DetopsOutOfMemoryError  # noqa: E402
 
 __version__ = getattr(_build_info, "DETOPS_VERSION", "unknown")
@@ -104,34 +104,10 @@ from . import functional  # noqa: E402
 from . import nn  # noqa: E402
 from . import distributed  # noqa: E402
 from . import compat  # noqa: E402
-from .functional import (deform_conv2d, grid_sample, ms_deform_attn, point_sample, roi_align,  # noqa: E402
-                         roi_align_rotated)
-from .nn import (DeformConv2d, DeformConv2dPack, FrozenBatchNorm2d, ModulatedDeformConv2dPack,  # noqa: E402
-                 MSDeformAttn, MultiScaleDeformableAttention, MultiScaleRoIAlign, RoIAlign, RoIAlignRotated,
-                 ROIAlignRotated, convert_frozen_batchnorm)
-from .distributed import SyncBatchNorm, convert_sync_batchnorm  # noqa: E402
 from .convert import convert  # noqa: E402
 
-__all__ = [
-    "roi_align",
-    "roi_align_rotated",
-    "grid_sample",
-    "point_sample",
-    "ms_deform_attn",
-    "deform_conv2d",
-    "RoIAlign",
-    "MultiScaleRoIAlign",
-    "ROIAlignRotated",
-    "RoIAlignRotated",
-    "MultiScaleDeformableAttention",
-    "MSDeformAttn",
-    "DeformConv2d",
-    "DeformConv2dPack",
-    "ModulatedDeformConv2dPack",
-    "FrozenBatchNorm2d",
-    "convert_frozen_batchnorm",
-    "SyncBatchNorm",
-    "convert_sync_batchnorm",
+# Each op package's __all__ (detops_torch/_ops/<op>/__init__.py), then the package's own names.
+__all__ = _ops.export([package for _, package in _ops.packages()], globals()) + [
     "convert",
     "compat",
     "functional",

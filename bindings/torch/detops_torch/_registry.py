@@ -21,7 +21,7 @@ import torch
 
 from . import _build_info
 from ._errors import DetopsError, run, translated  # noqa: F401  (translated: for callers)
-from .functional import check_choice  # noqa: F401  (the fakes refuse what the modules refuse)
+from ._common import check_choice  # noqa: F401  (the fakes refuse what the modules refuse)
 
 STABLE = getattr(_build_info, "ABI", "classic") == "stable"
 
@@ -61,10 +61,16 @@ def alert_not_deterministic(what: str) -> None:
 
 # ---- fake kernels (both layers) ------------------------------------------------------------------
 
+# The ops that have a fake kernel, in registration order (every op of the library must: the package
+# test compares this with the schemas in bindings/torch/csrc).
+FAKES: List[str] = []
+
+
 def fake(name: str) -> Callable:
     """Registers the decorated function as ``detops::<name>``'s fake (meta) kernel."""
     def register(fn: Callable) -> Callable:
         qualname = f"detops::{name}"
+        FAKES.append(name)
         if hasattr(torch.library, "register_fake"):        # torch >= 2.4
             torch.library.register_fake(qualname, fn, lib=_library())
         elif hasattr(torch.library, "impl_abstract"):      # torch 2.2, 2.3

@@ -119,6 +119,7 @@ class OpcheckTest(unittest.TestCase):
             "_roi_align_rotated_backward": (grad, rrois, 0.5, 3, 2, 2, 3, 11, 13, 2, True, False, "degrees",
                                             "exact", "float16", False),
             "_frozen_batch_norm_backward": (x, x[0, :, 0, 0] + 1, "relu", x.relu()),
+            "frozen_batch_norm_fold": (x[0, :, 0, 0], x[0, :, 1, 0], x[0, :, 2, 0], x[0, :, 3, 0].abs() + 0.5, 1e-5),
         }
         for name, op, args, diff in _cases():
             ones = torch.ones_like(_first(op(*args)))
@@ -151,6 +152,35 @@ class OpcheckTest(unittest.TestCase):
                 if mode == "exact":
                     torch.library.opcheck(ops.sync_batch_norm_local_scales.default, (x, None, None))
                     torch.library.opcheck(ops.sync_batch_norm_merge_scales.default, (torch.stack([scales, scales]),))
+                grad_y = torch.randn(x.shape, generator=g, dtype=torch.float64)
+                bscales = ops.sync_batch_norm_local_scales(x, grad_y, mean) if mode == "exact" else None
+                torch.library.opcheck(ops.sync_batch_norm_local_backward.default, (grad_y, x, mean, mode, bscales))
+                brecord = ops.sync_batch_norm_local_backward(grad_y, x, mean, mode, bscales)
+                bargs = (torch.stack([brecord, brecord]), 0, mode, invstd, bscales, True)
+                torch.library.opcheck(ops.sync_batch_norm_finalize_backward.default, bargs)
+                sums = ops.sync_batch_norm_finalize_backward(*bargs)[0]
+                torch.library.opcheck(ops.sync_batch_norm_backward_apply.default,
+                                      (grad_y, x, None, mean, invstd, sums))
+                header = (x, False, False, True, False, mode, True, 1e-5, 0.1, False)
+                torch.library.opcheck(ops.sync_batch_norm_header.default, header)
+                words = ops.sync_batch_norm_header(*header)
+                torch.library.opcheck(ops.sync_batch_norm_check_headers.default,
+                                      (torch.stack([words, words]), "forward"))
+
+    def test_every_op_with_a_fake_is_checked(self):
+        # A new op (or phase) cannot be left out of the checks above: the ops they name are every op
+        # with a fake kernel (detops_torch._registry.FAKES, which test_package compares with csrc).
+        import inspect
+        import re
+
+        from detops_torch import _registry
+
+        source = inspect.getsource(OpcheckTest)
+        named = {name for name, _, _, _ in _cases()}
+        for name in _registry.FAKES:
+            if name not in named:
+                found = re.search(rf"\bops\.{name}\.default\b|\"{name}\"", source)
+                self.assertTrue(found, f"detops::{name} has no opcheck case in OpcheckTest")
 
 
 def _grads(fn, args, diff, seed):

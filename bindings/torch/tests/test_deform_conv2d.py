@@ -12,6 +12,7 @@ import torch.nn.functional as TF
 import detops_torch
 from detops_torch import compat
 from detops_torch import functional as F
+from detops_torch._ops.deform_conv2d import functional as deform_conv2d_functional
 from _util import (HAS_CUDA, TORCH_2_1, assert_bitwise_equal, assert_raises_untouched, max_rel_error, num_threads,
                    tensor_hash)
 
@@ -693,7 +694,7 @@ class MetaAndScriptTest(unittest.TestCase):
         x, offset, weight, _, mask, _ = _case(80)
         assert_bitwise_equal(self, scripted(x, offset, weight, mask), op_call(x, offset, weight, mask), "scripted")
         self.assertIn("detops::deform_conv2d", str(scripted.graph))
-        scripted_fn = torch.jit.script(F._deform_conv2d)
+        scripted_fn = torch.jit.script(deform_conv2d_functional._deform_conv2d)
         assert_bitwise_equal(self, scripted_fn(x, offset, weight, None, (1, 1), (1, 1), (1, 1), mask, "atomic"),
                              detops_torch.deform_conv2d(x, offset, weight, None, 1, 1, 1, mask, backward_mode="atomic"),
                              "scripted positional form")

@@ -8,6 +8,7 @@ import torch.nn.functional as TF
 
 import detops_torch
 from detops_torch import functional as F
+from detops_torch._ops.grid_sample import functional as grid_sample_functional
 from _util import (HAS_CUDA, TORCH_2_1, assert_bitwise_equal, assert_raises_untouched, max_rel_error, num_threads,
                    tensor_bytes, tensor_hash)
 
@@ -248,7 +249,7 @@ class MetaAndScriptTest(unittest.TestCase):
         x, grid, _ = _inputs(110)
         assert_bitwise_equal(self, scripted(x, grid), op_call(x, grid), "scripted op call")
         self.assertIn("detops::grid_sample", str(scripted.graph))
-        scripted_fn = torch.jit.script(F._grid_sample)
+        scripted_fn = torch.jit.script(grid_sample_functional._grid_sample)
         assert_bitwise_equal(self, scripted_fn(x, grid, "nearest", "zeros", False, "atomic"),
                              detops_torch.grid_sample(x, grid, "nearest", "zeros", False, backward_mode="atomic"),
                              "scripted positional form")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as TF
 
 import detops_torch
-import detops_torch.nn as dnn
+from detops_torch._ops.ms_deform_attn import nn as dnn  # the module whose ms_deform_attn the modules call
 from _util import (HAS_CUDA, TORCH_2_1, assert_bitwise_equal, assert_raises_untouched, max_rel_error, num_threads,
                    tensor_bytes, tensor_hash)
 

@@ -1,4 +1,5 @@
 # Tests of the detops_torch package itself: exports, registered op schemas, version, and the torch-version guard that runs before _C.so is loaded.
+import glob
 import importlib.util
 import os
 import re
@@ -15,18 +16,20 @@ from _util import TORCH_VERSION, _version_tuple
 
 STABLE = getattr(detops_torch._build_info, "ABI", "classic") == "stable"
 
-OPS = ["roi_align", "_roi_align_backward", "roi_align_max", "_roi_align_max_backward", "roi_align_rotated",
-       "_roi_align_rotated_backward", "grid_sample", "_grid_sample_backward", "ms_deform_attn",
-       "_ms_deform_attn_backward", "deform_conv2d", "_deform_conv2d_backward", "frozen_batch_norm_fold",
-       "frozen_batch_norm", "_frozen_batch_norm_backward", "sync_batch_norm_record_words",
-       "sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
-       "sync_batch_norm_finalize_stats", "sync_batch_norm_apply", "sync_batch_norm_local_backward",
-       "sync_batch_norm_finalize_backward", "sync_batch_norm_backward_apply", "sync_batch_norm_header",
-       "sync_batch_norm_check_headers"]
-EXPORTS = ["roi_align", "roi_align_rotated", "grid_sample", "point_sample", "ms_deform_attn", "deform_conv2d",
-           "RoIAlign", "MultiScaleRoIAlign", "ROIAlignRotated", "RoIAlignRotated", "MultiScaleDeformableAttention",
-           "MSDeformAttn", "DeformConv2d", "ModulatedDeformConv2dPack", "FrozenBatchNorm2d", "convert_frozen_batchnorm", "SyncBatchNorm", "convert_sync_batchnorm", "convert",
-           "__version__", "compat", "DetopsError", "DetopsAssertionError", "DetopsOutOfMemoryError"]
+SOURCE_TREE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+CSRC = os.path.join(SOURCE_TREE, "bindings", "torch", "csrc")
+
+
+def _defined_ops():
+    """The op names bindings/torch/csrc defines (``m.def("name(...``), when the tests run from the
+    source tree; None from an installed wheel's test run outside it."""
+    if not os.path.isdir(CSRC):
+        return None
+    names = []
+    for path in sorted(glob.glob(os.path.join(CSRC, "*.cpp"))):
+        with open(path) as f:
+            names += re.findall(r'm\.def\(\s*"(\w+)\(', f.read())
+    return names
 
 
 def _schema(name):
@@ -35,11 +38,25 @@ def _schema(name):
 
 class ExportsTest(unittest.TestCase):
     def test_public_names(self):
-        for name in EXPORTS:
-            self.assertTrue(hasattr(detops_torch, name), name)
+        # Derived from the op packages (detops_torch/_ops/<op>): each one's __all__ is exported at the
+        # top level, and each one's parts are what the namespaces of the same name hold.
+        from detops_torch import _ops
+
+        for op, package in _ops.packages():
+            self.assertTrue(package.__all__, op)
+            for name in package.__all__:
+                self.assertIn(name, detops_torch.__all__)
+                self.assertIs(getattr(detops_torch, name), getattr(package, name), name)
+            for kind in _ops.PARTS:
+                part = getattr(package, kind, None)
+                for name in getattr(part, "__all__", ()):
+                    self.assertIs(getattr(getattr(detops_torch, kind), name), getattr(part, name), f"{kind}.{name}")
+        for name in ("convert", "compat", "functional", "nn", "distributed", "DetopsError", "DetopsAssertionError",
+                     "DetopsOutOfMemoryError", "__version__"):
             self.assertIn(name, detops_torch.__all__)
         for name in detops_torch.__all__:
             self.assertTrue(hasattr(detops_torch, name), name)
+        self.assertEqual(len(set(detops_torch.__all__)), len(detops_torch.__all__))
         for name in ("ROIAlign", "RoIAlign", "FrozenBatchNorm2d", "register_mmcv"):
             self.assertTrue(hasattr(detops_torch.compat, name), f"compat.{name}")
         self.assertTrue(callable(detops_torch.convert))
@@ -65,9 +82,23 @@ class ExportsTest(unittest.TestCase):
             parts = [re.search(rf"DETOPS_VERSION_{p}\s+(\d+)", text).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
             self.assertEqual(detops_torch.__version__, ".".join(parts))
 
-    def test_ops_are_registered_with_torchvision_positional_order(self):
-        for name in OPS:
+    def test_every_op_is_registered_with_a_fake_kernel(self):
+        from detops_torch import _ops, _registry
+
+        for name in _registry.FAKES:
             self.assertEqual(_schema(name).name, f"detops::{name}")
+        self.assertEqual(len(set(_registry.FAKES)), len(_registry.FAKES))
+        defined = _defined_ops()
+        if defined is not None:  # the source tree: every schema there with a tensor has its fake
+            with_tensors = [n for n in defined if any("Tensor" in str(a.type) for a in _schema(n).arguments)]
+            self.assertEqual(sorted(with_tensors), sorted(_registry.FAKES))
+            with open(os.path.join(SOURCE_TREE, "CMakeLists.txt")) as f:
+                cmake_ops = re.search(r"set\(DETOPS_OPS\s+([^)]*)\)", f.read()).group(1).split()
+            self.assertEqual(sorted(cmake_ops), sorted(_ops.OPS))  # one op, one package, one .cpp
+            for op in _ops.OPS:
+                self.assertTrue(os.path.exists(os.path.join(CSRC, op + ".cpp")), op)
+
+    def test_ops_are_registered_with_torchvision_positional_order(self):
         ours = [a.name for a in _schema("roi_align").arguments]
         self.assertEqual(ours[:7], ["input", "rois", "spatial_scale", "pooled_height", "pooled_width",
                                     "sampling_ratio", "aligned"])

@@ -1,9 +1,10 @@
 # deform_conv2d's fake kernels and (stable layer) autograd: deform_conv2d and its backward op.
 import torch
 
-from .. import _registry as r
-from .._errors import DetopsError
-from ..functional import DEFORM_BORDER_RULES, GATHER_BACKWARD_MODES
+from ... import _registry as r
+from ..._common import GATHER_BACKWARD_MODES
+from ..._errors import DetopsError
+from .functional import DEFORM_BORDER_RULES
 
 
 def mask_used(op, mask, use_mask):

@@ -1,9 +1,9 @@
 # FrozenBatchNorm2d's fake kernels and (stable layer) autograd: the fold, the forward with its epilogues and the backward op.
 import torch
 
-from .. import _registry as r
-from .._errors import DetopsError
-from ..functional import EPILOGUES
+from ... import _registry as r
+from ..._errors import DetopsError
+from .functional import EPILOGUES
 
 
 def check_residual(op, epilogue, residual):

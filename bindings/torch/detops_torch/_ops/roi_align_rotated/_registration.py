@@ -1,9 +1,9 @@
 # RoIAlignRotated's fake kernels and (stable layer) autograd: roi_align_rotated and its backward op.
 import torch
 
-from .. import _registry as r
-from ..functional import ANGLE_UNITS
-from .roi_align import check_modes, grad_input_like, output_sizes
+from ... import _registry as r
+from .functional import ANGLE_UNITS
+from ..roi_align._registration import check_modes, grad_input_like, output_sizes
 
 
 @r.fake("roi_align_rotated")

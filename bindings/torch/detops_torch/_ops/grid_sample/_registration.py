@@ -1,8 +1,9 @@
 # grid_sample's fake kernels and (stable layer) autograd: grid_sample and its backward op.
 import torch
 
-from .. import _registry as r
-from ..functional import GATHER_BACKWARD_MODES, GRID_SAMPLE_MODES, GRID_SAMPLE_PADDING_MODES
+from ... import _registry as r
+from ..._common import GATHER_BACKWARD_MODES
+from .functional import GRID_SAMPLE_MODES, GRID_SAMPLE_PADDING_MODES
 
 
 def check(op, input, grid, interpolation, padding_mode, backward_mode):

@@ -1,8 +1,8 @@
 # Multi-scale deformable attention's fake kernels and (stable layer) autograd: ms_deform_attn and its backward op.
 import torch
 
-from .. import _registry as r
-from ..functional import GATHER_BACKWARD_MODES
+from ... import _registry as r
+from ..._common import GATHER_BACKWARD_MODES
 
 
 def check(op, value, sampling_locations, attention_weights, backward_mode):

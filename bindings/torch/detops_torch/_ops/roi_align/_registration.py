@@ -1,9 +1,9 @@
 # RoIAlign's fake kernels and (stable layer) autograd: roi_align, roi_align_max and their backward ops.
 import torch
 
-from .. import _registry as r
-from .._errors import DetopsError
-from ..functional import BACKWARD_MODES, TRUNCATIONS
+from ... import _registry as r
+from ..._common import BACKWARD_MODES, TRUNCATIONS
+from ..._errors import DetopsError
 
 
 def check_modes(op, backward_mode, truncation):

@@ -1,8 +1,8 @@
 # SyncBatchNorm's phase ops: fake kernels and (stable layer) error-translating autograd pass-throughs; detops_torch.distributed owns the gradient.
 import torch
 
-from .. import _registry as r
-from .._errors import DetopsError
+from ... import _registry as r
+from ..._errors import DetopsError
 
 MODES = ("default", "exact")
 NAMES = ("sync_batch_norm_local_scales", "sync_batch_norm_merge_scales", "sync_batch_norm_local_stats",
