@@ -31,25 +31,24 @@ void forward(const RoiAlignCall& call, const Context& ctx) {
   dispatch_floating(call.features.dtype, [&](auto tag) { roi_align_forward_on<decltype(tag)>(dev, call); });
 }
 
-std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+bool enumerates(const RoiAlignCall& call, BackwardMode mode) {
+  return roi_backward_enumerates(call.features.dtype, mode);
+}
+
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiAlignPlan& plan) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const Context ctx{};                                      // a size query enqueues nothing
-  return roi_align_backward_workspace_on(CudaDevice{ctx, call.op}, call, check, mode);
+  return roi_align_backward_workspace_on(CudaDevice{ctx, call.op}, call, plan);
 }
 
-void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt, const Context& ctx,
-              Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiAlignPlan& plan, const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
-  roi_align_backward_on(CudaDevice{ctx, call.op}, call, check, opt, ws);
-}
-
-bool uses_slots(const RoiAlignCall& call, BackwardMode mode) {
-  return roi_backward_enumerates(call.features.dtype, mode);
+  roi_align_backward_on(CudaDevice{ctx, call.op}, call, plan, ws);
 }
 
 }  // namespace
 
-extern const RoiAlignBackend kRoiAlignCuda = {&check_rois, &forward, &backward_workspace, &backward, &uses_slots};
+extern const RoiAlignBackend kRoiAlignCuda = {&check_rois, &forward, &enumerates, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

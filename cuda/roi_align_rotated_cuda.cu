@@ -31,26 +31,25 @@ void forward(const RoiAlignRotatedCall& call, const Context& ctx) {
   dispatch_floating(call.features.dtype, [&](auto tag) { rotated_forward_on<decltype(tag)>(dev, call); });
 }
 
-std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, BackwardMode mode) {
+bool enumerates(const RoiAlignRotatedCall& call, BackwardMode mode) {
+  return roi_backward_enumerates(call.features.dtype, mode);
+}
+
+std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const Context ctx{};                                      // a size query enqueues nothing
-  return rotated_backward_workspace_on(CudaDevice{ctx, call.op}, call, check, mode);
+  return rotated_backward_workspace_on(CudaDevice{ctx, call.op}, call, plan);
 }
 
-void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const RoiAlignBackwardOptions& opt,
-              const Context& ctx, Workspace ws) {
+void backward(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan, const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
-  rotated_backward_on(CudaDevice{ctx, call.op}, call, check, opt, ws);
-}
-
-bool uses_records(const RoiAlignRotatedCall& call, BackwardMode mode) {
-  return roi_backward_enumerates(call.features.dtype, mode);
+  rotated_backward_on(CudaDevice{ctx, call.op}, call, plan, ws);
 }
 
 }  // namespace
 
-extern const RoiAlignRotatedBackend kRoiAlignRotatedCuda = {&check_rois, &forward, &backward_workspace, &backward,
-                                                            &uses_records};
+extern const RoiAlignRotatedBackend kRoiAlignRotatedCuda = {&check_rois, &forward, &enumerates, &backward_workspace,
+                                                            &backward};
 
 }  // namespace internal
 }  // namespace detops

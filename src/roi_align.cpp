@@ -133,19 +133,13 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
           o.pool_mode == PoolMode::kMax};
 }
 
-/// Whether the backward enumerates (position, weight, bin) slots: the backend says (see RoiAlignBackend).
-bool uses_slots(const internal::RoiAlignCall& call, BackwardMode mode) { return backend(call).uses_slots(call, mode); }
-
-/// Slots sized from the rois: with adaptive sampling, the check must total the samples.
-bool needs_total(const internal::RoiAlignCall& call, const RoiAlignOptions& o, const RoiAlignBackwardOptions& b) {
-  return uses_slots(call, b.mode) && o.sampling_ratio <= 0;
-}
-
-/// Bytes of the backward's workspace layout (without the alignment slack).
-std::size_t layout_bytes(const internal::RoiAlignCall& call, const internal::RoiCheck& check, BackwardMode mode) {
-  if (call.shape.K == 0 || call.shape.C == 0) return 0;
-  if (uses_slots(call, mode)) internal::check_record_budget(call.op, mode, call.shape, check.total_samples);
-  return backend(call).backward_workspace(call, check, mode);
+/// The backward decoded once (internal::RoiAlignPlan): the backend's steps, asked once each.
+internal::RoiAlignPlan plan_backward(const internal::RoiAlignCall& call, const RoiAlignOptions& o,
+                                     const RoiAlignBackwardOptions& b, const Context& ctx) {
+  const internal::RoiAlignBackend& be = backend(call);
+  return internal::plan_roi_align_backward(
+      call, b, be.enumerates(call, b.mode), [&](bool need_total) { return check_rois_values(call, o, need_total, ctx); },
+      [&](const internal::RoiAlignPlan& plan) { return be.backward_workspace(call, plan); });
 }
 
 }  // namespace
@@ -162,20 +156,19 @@ std::size_t roi_align_backward_workspace_size(const TensorView& grad_output, con
                                               const TensorView& grad_input, const RoiAlignOptions& options,
                                               const RoiAlignBackwardOptions& backward, const Context& ctx) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, {}, false);
-  const internal::RoiCheck check = check_rois_values(call, options, needs_total(call, options, backward), ctx);
-  return internal::workspace_size_with_slack(layout_bytes(call, check, backward.mode));
+  return internal::workspace_size_with_slack(plan_backward(call, options, backward, ctx).workspace);
 }
 
 void roi_align_backward(const TensorView& grad_output, const TensorView& rois, const TensorView& grad_input,
                         const RoiAlignOptions& options, const RoiAlignBackwardOptions& backward, const Context& ctx,
                         const TensorView& argmax, Workspace workspace) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
-  const internal::RoiCheck check = check_rois_values(call, options, needs_total(call, options, backward), ctx);
-  internal::run_in_workspace(call.op, layout_bytes(call, check, backward.mode), grad_input, ctx, workspace,
+  const internal::RoiAlignPlan plan = plan_backward(call, options, backward, ctx);
+  internal::run_in_workspace(call.op, plan.workspace, grad_input, ctx, workspace,
                              {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},
                               {"argmax", &argmax}},
                              "roi_align_backward_workspace_size",
-                             [&](Workspace ws) { backend(call).backward(call, check, backward, ctx, ws); });
+                             [&](Workspace ws) { backend(call).backward(call, plan, ctx, ws); });
 }
 
 }  // namespace detops

@@ -106,19 +106,13 @@ internal::RoiAlignRotatedCall validate_backward(const char* op, const TensorView
   return {op, grad_input, rois, grad_output, make_shape(grad_input, rois.sizes[0], o)};
 }
 
-/// The exact mode's chunks of images are sized from the rois (the samples of each image's rois,
-/// rotated_exact_chunks), fixed sampling ratio or not; an empty grad_input needs no workspace.
-bool needs_total(const internal::RoiAlignRotatedCall& call, BackwardMode mode) {
-  return backend(call).uses_records(call, mode) && call.features.numel() > 0;
-}
-
-/// Bytes of the backward's workspace layout (without the alignment slack).
-std::size_t layout_bytes(const internal::RoiAlignRotatedCall& call, const internal::RotatedRoiCheck& check,
-                         BackwardMode mode) {
-  if (call.shape.K == 0 || call.shape.C == 0) return 0;
-  if (backend(call).uses_records(call, mode))
-    internal::check_record_budget(call.op, mode, call.shape, check.total_samples);
-  return backend(call).backward_workspace(call, check, mode);
+/// The backward decoded once (internal::RoiAlignRotatedPlan): the backend's steps, asked once each.
+internal::RoiAlignRotatedPlan plan_backward(const internal::RoiAlignRotatedCall& call, const RoiAlignRotatedOptions& o,
+                                            const RoiAlignBackwardOptions& b, const Context& ctx) {
+  const internal::RoiAlignRotatedBackend& be = backend(call);
+  return internal::plan_rotated_backward(
+      call, b, be.enumerates(call, b.mode), [&](bool need_total) { return check_rois_values(call, o, need_total, ctx); },
+      [&](const internal::RoiAlignRotatedPlan& plan) { return be.backward_workspace(call, plan); });
 }
 
 }  // namespace
@@ -137,9 +131,7 @@ std::size_t roi_align_rotated_backward_workspace_size(const TensorView& grad_out
                                                       const RoiAlignBackwardOptions& backward, const Context& ctx) {
   const internal::RoiAlignRotatedCall call =
       validate_backward("roi_align_rotated_backward_workspace_size", grad_output, rois, grad_input, options, backward);
-  const internal::RotatedRoiCheck check =
-      check_rois_values(call, options, needs_total(call, backward.mode), ctx);
-  return internal::workspace_size_with_slack(layout_bytes(call, check, backward.mode));
+  return internal::workspace_size_with_slack(plan_backward(call, options, backward, ctx).workspace);
 }
 
 void roi_align_rotated_backward(const TensorView& grad_output, const TensorView& rois, const TensorView& grad_input,
@@ -147,12 +139,11 @@ void roi_align_rotated_backward(const TensorView& grad_output, const TensorView&
                                 const Context& ctx, Workspace workspace) {
   const internal::RoiAlignRotatedCall call =
       validate_backward("roi_align_rotated_backward", grad_output, rois, grad_input, options, backward);
-  const internal::RotatedRoiCheck check =
-      check_rois_values(call, options, needs_total(call, backward.mode), ctx);
-  internal::run_in_workspace(call.op, layout_bytes(call, check, backward.mode), grad_input, ctx, workspace,
+  const internal::RoiAlignRotatedPlan plan = plan_backward(call, options, backward, ctx);
+  internal::run_in_workspace(call.op, plan.workspace, grad_input, ctx, workspace,
                              {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input}},
                              "roi_align_rotated_backward_workspace_size",
-                             [&](Workspace ws) { backend(call).backward(call, check, backward, ctx, ws); });
+                             [&](Workspace ws) { backend(call).backward(call, plan, ctx, ws); });
 }
 
 }  // namespace detops

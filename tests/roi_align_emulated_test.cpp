@@ -26,8 +26,6 @@ namespace {
 
 using test::make_tensor;
 
-detail::Strides4 st(const TensorView& v) { return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]}; }
-
 struct Case {
   Tensor input, rois, grad_output, argmax;
   RoiAlignOptions opt;
@@ -83,20 +81,25 @@ Tensor emulate_forward(const Case& c, DType dt, Layout layout, Tensor* argmax = 
   return out;
 }
 
-/// The CUDA backend's backward into grad_input `gi` (any strides, gaps kept), mode by mode: the
-/// roi check as the front end runs it (with the sample total when the mode enumerates slots; an
-/// unchecked call's bad rows are not raised), the workspace it sizes (poisoned), the backward.
+/// The CUDA backend's backward into grad_input `gi` (any strides, gaps kept), mode by mode,
+/// planned as the front end plans it (plan_roi_align_backward over the CUDA steps: the roi check
+/// with the sample total when the plan needs it, an unchecked call's bad rows not raised; the
+/// workspace it sizes, poisoned), then the backward.
 void emulate_backward_into(const Case& c, const TensorView& gi, BackwardMode mode, TruncationFormat format) {
   const internal::RoiAlignCall call = make_call(c, gi, c.grad_output.view(), c.argmax.view());
   const test::EmulatedDevice dev;
-  const internal::RoiCheck check =
-      internal::roi_align_check_rois_on(dev, call, internal::roi_backward_enumerates(gi.dtype, mode));
-  if (c.opt.check_rois) EXPECT_EQ(check.bad_row, -1);
-  test::PoisonedWorkspace ws(internal::roi_align_backward_workspace_on(dev, call, check, mode));
   RoiAlignBackwardOptions b;
   b.mode = mode;
   b.truncation = format;
-  internal::roi_align_backward_on(dev, call, check, b, ws.ws);
+  const internal::RoiAlignPlan plan = internal::plan_roi_align_backward(
+      call, b, internal::roi_backward_enumerates(gi.dtype, mode),
+      [&](bool need_total) { return internal::roi_align_check_rois_on(dev, call, need_total); },
+      [&](const internal::RoiAlignPlan& p) { return internal::roi_align_backward_workspace_on(dev, call, p); });
+  if (c.opt.check_rois) {
+    EXPECT_EQ(plan.check.bad_row, -1);
+  }
+  test::PoisonedWorkspace ws(plan.workspace);
+  internal::roi_align_backward_on(dev, call, plan, ws.ws);
 }
 Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mode,
                         TruncationFormat format = TruncationFormat::kFloat16) {

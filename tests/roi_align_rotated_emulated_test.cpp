@@ -24,8 +24,6 @@ namespace {
 
 using test::make_tensor;
 
-detail::Strides4 st(const TensorView& v) { return {v.strides[0], v.strides[1], v.strides[2], v.strides[3]}; }
-
 struct Case {
   Tensor input, rois, grad_output;
   RoiAlignRotatedOptions opt;
@@ -81,21 +79,24 @@ Tensor emulate_forward(const Case& c, DType dt, Layout layout) {
   return out;
 }
 
-/// The CUDA backend's backward in `mode`: the roi check (with the totals when the mode enumerates
-/// records), the workspace it sizes, then the backward into a poisoned grad_input.
+/// The CUDA backend's backward in `mode`, planned as the front end plans it (plan_rotated_backward
+/// over the CUDA steps: the roi check with the totals the plan asks for, the workspace it sizes),
+/// then the backward into a poisoned grad_input.
 Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mode) {
   const auto& s = c.shape;
   Tensor gi = Tensor::empty({s.N, s.C, s.H, s.W}, dt, Device::cpu(), layout);
   gi.fill_bytes(0xCD);
   const internal::RoiAlignRotatedCall call = make_call(c, gi.view(), c.grad_output.view());
   const test::EmulatedDevice dev;
-  const internal::RotatedRoiCheck check =
-      internal::rotated_check_rois_on(dev, call, internal::roi_backward_enumerates(dt, mode));
-  EXPECT_EQ(check.bad_row, -1);
-  test::PoisonedWorkspace ws(internal::rotated_backward_workspace_on(dev, call, check, mode));
   RoiAlignBackwardOptions b;
   b.mode = mode;
-  internal::rotated_backward_on(dev, call, check, b, ws.ws);
+  const internal::RoiAlignRotatedPlan plan = internal::plan_rotated_backward(
+      call, b, internal::roi_backward_enumerates(dt, mode),
+      [&](bool need_total) { return internal::rotated_check_rois_on(dev, call, need_total); },
+      [&](const internal::RoiAlignRotatedPlan& p) { return internal::rotated_backward_workspace_on(dev, call, p); });
+  EXPECT_EQ(plan.check.bad_row, -1);
+  test::PoisonedWorkspace ws(plan.workspace);
+  internal::rotated_backward_on(dev, call, plan, ws.ws);
   return gi;
 }
 

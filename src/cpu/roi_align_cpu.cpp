@@ -427,25 +427,24 @@ void forward(const RoiAlignCall& call, const Context& ctx) {
     dispatch_floating(call.features.dtype, [&](auto tag) { forward_planes<decltype(tag)>(call, ctx); });
 }
 
-std::size_t backward_workspace(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode) {
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiAlignPlan& plan) {
   const detail::RoiAlignShape& s = call.shape;
-  switch (mode) {
+  switch (plan.mode) {
     case BackwardMode::kAtomic: return 0;
     case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, check)).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, plan.check)).bytes();
       });
   }
   return 0;
 }
 
-void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt, const Context& ctx,
-              Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiAlignPlan& plan, const Context& ctx, Workspace ws) {
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
     const detail::RoiAlignShape& s = call.shape;
-    switch (opt.mode) {
+    switch (plan.mode) {
       case BackwardMode::kAtomic:
         if (s.K == 0) zero_fill<T>(call.features, ctx);
         else
@@ -459,7 +458,7 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
         auto* buf = static_cast<double*>(ws.data);
         const detail::Strides4 bs = truncated_buffer_strides(call.features, s);
         if (s.K > 0)
-          scatter_backward<T, double, double>(call, ctx, buf, bs, grad_rounding(opt),
+          scatter_backward<T, double, double>(call, ctx, buf, bs, plan.rounding,
                                               [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         if (s.K == 0) zero_fill<T>(call.features, ctx);
         else store_rounded<T>(buf, bs, call.features, ctx);
@@ -467,17 +466,17 @@ void backward(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBac
       }
       case BackwardMode::kExact:
         if (s.K == 0) zero_fill<T>(call.features, ctx);
-        else exact_backward<T>(call, check, ctx, ws);
+        else exact_backward<T>(call, plan.check, ctx, ws);
         break;
     }
   });
 }
 
-bool uses_slots(const RoiAlignCall&, BackwardMode mode) { return mode == BackwardMode::kExact; }
+bool enumerates(const RoiAlignCall&, BackwardMode mode) { return mode == BackwardMode::kExact; }
 
 }  // namespace
 
-extern const RoiAlignBackend kRoiAlignCpu = {&check_rois, &forward, &backward_workspace, &backward, &uses_slots};
+extern const RoiAlignBackend kRoiAlignCpu = {&check_rois, &forward, &enumerates, &backward_workspace, &backward};
 
 }  // namespace internal
 }  // namespace detops

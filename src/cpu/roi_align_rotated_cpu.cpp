@@ -381,21 +381,20 @@ void forward(const RoiAlignRotatedCall& call, const Context& ctx) {
   dispatch_floating(call.features.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx); });
 }
 
-std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, BackwardMode mode) {
+std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan) {
   const Shape& s = call.shape;
-  switch (mode) {
+  switch (plan.mode) {
     case BackwardMode::kAtomic: return 0;
     case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, rotated_exact_chunks(s, check)).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, rotated_exact_chunks(s, plan.check)).bytes();
       });
   }
   return 0;
 }
 
-void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const RoiAlignBackwardOptions& opt,
-              const Context& ctx, Workspace ws) {
+void backward(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan, const Context& ctx, Workspace ws) {
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = call.shape;
@@ -403,7 +402,7 @@ void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, con
       zero_fill<T>(call.features, ctx);
       return;
     }
-    switch (opt.mode) {
+    switch (plan.mode) {
       case BackwardMode::kAtomic:
         scatter_backward<T, acc_t<T>, T>(call, ctx, static_cast<T*>(call.features.data), strides4(call.features),
                                          detail::GradRounding::kNone, [&] { zero_fill<T>(call.features, ctx); });
@@ -413,24 +412,24 @@ void backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, con
         // contiguous), rounded once per element at the end; the layout never changes the bits.
         auto* buf = static_cast<double*>(ws.data);
         const detail::Strides4 bs = truncated_buffer_strides(call.features, s);
-        scatter_backward<T, double, double>(call, ctx, buf, bs, grad_rounding(opt),
+        scatter_backward<T, double, double>(call, ctx, buf, bs, plan.rounding,
                                             [&] { std::fill(buf, buf + s.N * s.C * s.H * s.W, 0.0); });
         store_rounded<T>(buf, bs, call.features, ctx);
         break;
       }
       case BackwardMode::kExact:
-        exact_backward<T>(call, check, ctx, ws);
+        exact_backward<T>(call, plan.check, ctx, ws);
         break;
     }
   });
 }
 
-bool uses_records(const RoiAlignRotatedCall&, BackwardMode mode) { return mode == BackwardMode::kExact; }
+bool enumerates(const RoiAlignRotatedCall&, BackwardMode mode) { return mode == BackwardMode::kExact; }
 
 }  // namespace
 
-extern const RoiAlignRotatedBackend kRoiAlignRotatedCpu = {&check_rois, &forward, &backward_workspace, &backward,
-                                                           &uses_records};
+extern const RoiAlignRotatedBackend kRoiAlignRotatedCpu = {&check_rois, &forward, &enumerates, &backward_workspace,
+                                                           &backward};
 
 }  // namespace internal
 }  // namespace detops

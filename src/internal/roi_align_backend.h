@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "detops/backward_mode.h"
 #include "detops/context.h"
 #include "detops/detail/roi_align_kernels.h"
 #include "detops/roi_align.h"
@@ -104,24 +105,82 @@ detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::E
   return ga;
 }
 
-/// A RoIAlign backend: one table per device (internal/backend.h), defined at the bottom of
-/// src/cpu/roi_align_cpu.cpp and cuda/roi_align_cuda.cu.
-struct RoiAlignBackend {
-  /// Checks every roi row (the first invalid one with its status) and, with need_total, totals
-  /// the samples (exact mode with adaptive sampling). CUDA: one wait on ctx.cuda_stream.
-  RoiCheck (*check_rois)(const RoiAlignCall& call, bool need_total, const Context& ctx);
-  void (*forward)(const RoiAlignCall& call, const Context& ctx);
-  /// Bytes of the backward's WorkspaceLayout (without the alignment slack) for `mode`.
-  std::size_t (*backward_workspace)(const RoiAlignCall& call, const RoiCheck& check, BackwardMode mode);
-  /// The backward into call.features (grad_input); ws is the layout's memory, kWorkspaceAlign-aligned.
-  void (*backward)(const RoiAlignCall& call, const RoiCheck& check, const RoiAlignBackwardOptions& opt,
-                   const Context& ctx, Workspace ws);
-  /// Whether the backward in `mode` enumerates (position, weight, bin) slots, 4 per sample, so its
-  /// workspace follows the sample count: the exact mode everywhere; on CUDA also the float64
-  /// truncated mode, which runs the exact mode's phases so that its double sums come out in the
-  /// CPU's order (double atomics would leave the scheduling order in them).
-  bool (*uses_slots)(const RoiAlignCall& call, BackwardMode mode);
+/// A roi op's backward, decoded once per call (CUTLASS's can_implement -> get_workspace_size ->
+/// run): the mode and rounding taken from the options, whether the backend enumerates records
+/// (so that its workspace follows the rois' samples), the roi check with the totals that needs,
+/// and the workspace's layout bytes. The workspace query returns its bytes; the backward reads it
+/// and decodes nothing again. Check: RoiCheck or RotatedRoiCheck.
+template <class Check>
+struct RoiBackwardPlan {
+  BackwardMode mode = BackwardMode::kExact;
+  detail::GradRounding rounding = detail::GradRounding::kNone;  // the truncated mode's format
+  bool enumerates = false;   // records in the workspace: the exact mode; CUDA's float64 truncated mode
+  Check check;               // the rois' check (with the sample totals when the workspace needs them)
+  std::size_t workspace = 0; // the layout's bytes, without the alignment slack
 };
+
+/// The exact mode's records (4 per sample, `samples` in all) stay within 2^40: sized in double
+/// first, so that a huge problem is an error, not an overflow.
+inline void check_record_budget(const char* op, BackwardMode mode, const detail::RoiAlignShape& s,
+                                std::int64_t total_samples) {
+  const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
+                                                    static_cast<double>(s.PW) * static_cast<double>(s.sampling_ratio) *
+                                                    static_cast<double>(s.sampling_ratio)
+                                              : static_cast<double>(total_samples);
+  if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
+    fail(ErrorCode::kOutOfMemory, "{}: the {} mode would need {} records (4 per sample); expected at most 2^40 "
+         "(use fewer rois per call or a smaller sampling_ratio)", op, to_string(mode), 4.0 * samples);
+}
+
+/// Builds a roi op's plan. The front end passes its backend's steps, the emulated tests the CUDA
+/// backend's on the emulated device, so both run this one sequence:
+///   check_rois(need_total) -> Check: the roi check (need_total: the op's rule, from enumerates);
+///   bytes(plan) -> std::size_t: the backend's layout bytes for the plan so far.
+/// No rois or no channels: no workspace.
+template <class Check, class CheckRois, class Bytes>
+RoiBackwardPlan<Check> plan_roi_backward(const char* op, const detail::RoiAlignShape& s,
+                                         const RoiAlignBackwardOptions& b, bool enumerates, bool need_total,
+                                         CheckRois&& check_rois, Bytes&& bytes) {
+  RoiBackwardPlan<Check> plan;
+  plan.mode = b.mode;
+  plan.rounding = grad_rounding(b);
+  plan.enumerates = enumerates;
+  plan.check = check_rois(need_total);
+  if (s.K == 0 || s.C == 0) return plan;
+  if (enumerates) check_record_budget(op, b.mode, s, plan.check.total_samples);
+  plan.workspace = bytes(static_cast<const RoiBackwardPlan<Check>&>(plan));
+  return plan;
+}
+
+using RoiAlignPlan = RoiBackwardPlan<RoiCheck>;
+
+/// RoIAlign's plan: with adaptive sampling, slots follow the rois, so the check totals their samples.
+template <class CheckRois, class Bytes>
+RoiAlignPlan plan_roi_align_backward(const RoiAlignCall& call, const RoiAlignBackwardOptions& b, bool enumerates,
+                                     CheckRois&& check_rois, Bytes&& bytes) {
+  return plan_roi_backward<RoiCheck>(call.op, call.shape, b, enumerates, enumerates && call.shape.sampling_ratio <= 0,
+                                     check_rois, bytes);
+}
+
+/// A roi op's backend: one table per op and device (internal/backend.h), defined at the bottom of
+/// src/cpu/<op>_cpu.cpp and cuda/<op>_cuda.cu. Call: the op's validated call; Check: its roi check.
+template <class Call, class Check>
+struct RoiBackend {
+  /// Checks every roi row (the first invalid one with its status) and, with need_total, totals
+  /// the samples (for the workspace). CUDA: one wait on ctx.cuda_stream.
+  Check (*check_rois)(const Call& call, bool need_total, const Context& ctx);
+  void (*forward)(const Call& call, const Context& ctx);
+  /// Whether the backward in `mode` enumerates records, 4 per sample, so that its workspace
+  /// follows the sample count: the exact mode everywhere; on CUDA also the float64 truncated
+  /// mode, which runs the exact mode's phases so that its double sums come out in the CPU's order
+  /// (double atomics would leave the scheduling order in them). Asked once per call, by the plan.
+  bool (*enumerates)(const Call& call, BackwardMode mode);
+  /// Bytes of the backward's WorkspaceLayout (without the alignment slack) for the plan.
+  std::size_t (*backward_workspace)(const Call& call, const RoiBackwardPlan<Check>& plan);
+  /// The backward into call.features (grad_input); ws: plan.workspace bytes, kWorkspaceAlign-aligned.
+  void (*backward)(const Call& call, const RoiBackwardPlan<Check>& plan, const Context& ctx, Workspace ws);
+};
+using RoiAlignBackend = RoiBackend<RoiAlignCall, RoiCheck>;
 extern const RoiAlignBackend kRoiAlignCpu;
 extern const RoiAlignBackend kRoiAlignCuda;
 

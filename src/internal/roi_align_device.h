@@ -266,30 +266,28 @@ void roi_align_forward_on(const Dev& dev, const RoiAlignCall& call) {
   dev.launch("roi_align_forward", call.pooled.numel(), roi_align_device::ForwardBody<T>{a});
 }
 
-/// Bytes of the backward's workspace on `dev` in `mode`.
+/// Bytes of the backward's workspace on `dev` for the plan (its mode and roi check).
 template <class Dev>
-std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& call, const RoiCheck& check,
-                                            BackwardMode mode) {
+std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& call, const RoiAlignPlan& plan) {
   const detail::RoiAlignShape& s = call.shape;
-  const std::int64_t cap = exact_slot_capacity(s, check);
-  return roi_backward_workspace_bytes(call.features.dtype, mode, s, [&](auto a_tag, bool with_divisors) {
+  const std::int64_t cap = exact_slot_capacity(s, plan.check);
+  return roi_backward_workspace_bytes(call.features.dtype, plan.mode, s, [&](auto a_tag, bool with_divisors) {
     using A = decltype(a_tag);
     return roi_align_device::exact_layout<A>(s, cap, roi_align_device::exact_temp_bytes(dev, s, cap), with_divisors)
         .bytes();
   });
 }
 
-/// The backward on `dev` into call.features (grad_input) in opt.mode.
+/// The backward on `dev` into call.features (grad_input) as the plan says.
 template <class Dev>
-void roi_align_backward_on(const Dev& dev, const RoiAlignCall& call, const RoiCheck& check,
-                           const RoiAlignBackwardOptions& opt, Workspace ws) {
+void roi_align_backward_on(const Dev& dev, const RoiAlignCall& call, const RoiAlignPlan& plan, Workspace ws) {
   roi_backward_on(
-      dev, call.features, call.shape, call.pooled.numel(), opt, ws,
+      dev, call.features, call.shape, call.pooled.numel(), plan, ws,
       [&](auto t_tag, auto* target, const detail::Strides4& ts, detail::GradRounding rounding) {
         roi_align_device::scatter<decltype(t_tag)>(dev, call, target, ts, rounding);
       },
       [&](auto t_tag, detail::GradRounding rounding) {
-        roi_align_device::exact_backward<decltype(t_tag)>(dev, call, check, ws, rounding);
+        roi_align_device::exact_backward<decltype(t_tag)>(dev, call, plan.check, ws, rounding);
       });
 }
 

@@ -56,18 +56,20 @@ inline RotatedExactChunks rotated_exact_chunks(const detail::RoiAlignRotatedShap
   return {images, std::min(total, images * per_image), images * s.H * s.W};
 }
 
-/// A RoIAlignRotated backend (internal/backend.h), as RoiAlignBackend.
-struct RoiAlignRotatedBackend {
-  RotatedRoiCheck (*check_rois)(const RoiAlignRotatedCall& call, bool need_total, const Context& ctx);
-  void (*forward)(const RoiAlignRotatedCall& call, const Context& ctx);
-  std::size_t (*backward_workspace)(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, BackwardMode mode);
-  void (*backward)(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const RoiAlignBackwardOptions& opt,
-                   const Context& ctx, Workspace ws);
-  /// Whether the backward in `mode` enumerates records, so that its workspace follows the
-  /// samples of the rois (the exact mode; on CUDA also the float64 truncated mode): the roi check
-  /// then totals them (need_total).
-  bool (*uses_records)(const RoiAlignRotatedCall& call, BackwardMode mode);
-};
+using RoiAlignRotatedPlan = RoiBackwardPlan<RotatedRoiCheck>;
+
+/// RoIAlignRotated's plan: the exact mode's chunks of images are sized from the rois (the samples
+/// of each image's rois, rotated_exact_chunks), fixed sampling ratio or not, so the check totals
+/// them whenever records are enumerated into a non-empty grad_input.
+template <class CheckRois, class Bytes>
+RoiAlignRotatedPlan plan_rotated_backward(const RoiAlignRotatedCall& call, const RoiAlignBackwardOptions& b,
+                                          bool enumerates, CheckRois&& check_rois, Bytes&& bytes) {
+  return plan_roi_backward<RotatedRoiCheck>(call.op, call.shape, b, enumerates,
+                                            enumerates && call.features.numel() > 0, check_rois, bytes);
+}
+
+/// A RoIAlignRotated backend (internal/backend.h): RoIAlign's table over its call and check.
+using RoiAlignRotatedBackend = RoiBackend<RoiAlignRotatedCall, RotatedRoiCheck>;
 extern const RoiAlignRotatedBackend kRoiAlignRotatedCpu;
 extern const RoiAlignRotatedBackend kRoiAlignRotatedCuda;
 

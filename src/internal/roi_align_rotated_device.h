@@ -235,29 +235,29 @@ void rotated_forward_on(const Dev& dev, const RoiAlignRotatedCall& call) {
   dev.launch("rotated_forward", call.pooled.numel(), rotated_device::ForwardBody<T>{a});
 }
 
-/// Bytes of the backward's workspace on `dev` in `mode`.
+/// Bytes of the backward's workspace on `dev` for the plan (its mode and roi check).
 template <class Dev>
 std::size_t rotated_backward_workspace_on(const Dev& dev, const RoiAlignRotatedCall& call,
-                                          const RotatedRoiCheck& check, BackwardMode mode) {
+                                          const RoiAlignRotatedPlan& plan) {
   const rotated_device::Shape& s = call.shape;
-  const RotatedExactChunks ch = rotated_exact_chunks(s, check);
-  return roi_backward_workspace_bytes(call.features.dtype, mode, s, [&](auto a_tag, bool with_divisors) {
+  const RotatedExactChunks ch = rotated_exact_chunks(s, plan.check);
+  return roi_backward_workspace_bytes(call.features.dtype, plan.mode, s, [&](auto a_tag, bool with_divisors) {
     using A = decltype(a_tag);
     return rotated_device::exact_layout<A>(s, ch, rotated_device::exact_temp_bytes(dev, s, ch), with_divisors).bytes();
   });
 }
 
-/// The backward on `dev` into call.features (grad_input) in opt.mode.
+/// The backward on `dev` into call.features (grad_input) as the plan says.
 template <class Dev>
-void rotated_backward_on(const Dev& dev, const RoiAlignRotatedCall& call, const RotatedRoiCheck& check,
-                         const RoiAlignBackwardOptions& opt, Workspace ws) {
+void rotated_backward_on(const Dev& dev, const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan,
+                         Workspace ws) {
   roi_backward_on(
-      dev, call.features, call.shape, call.pooled.numel(), opt, ws,
+      dev, call.features, call.shape, call.pooled.numel(), plan, ws,
       [&](auto t_tag, auto* target, const detail::Strides4& ts, detail::GradRounding rounding) {
         rotated_device::scatter<decltype(t_tag)>(dev, call, target, ts, rounding);
       },
       [&](auto t_tag, detail::GradRounding rounding) {
-        rotated_device::exact_backward<decltype(t_tag)>(dev, call, check, ws, rounding);
+        rotated_device::exact_backward<decltype(t_tag)>(dev, call, plan.check, ws, rounding);
       });
 }
 

@@ -160,18 +160,18 @@ struct TruncatedStoreBody {
   }
 };
 
-/// A roi op's backward into grad_input on `dev` in opt.mode, with the op's launches (T is
+/// A roi op's backward into grad_input on `dev` in plan.mode, with the op's launches (T is
 /// grad_input's element type):
 ///   scatter(T{}, target, strides, rounding): the op's scatter over its n > 0 grad_output
 ///     elements, adding into `target` with `strides` (grad_input itself for kAtomic; the dense NCHW
 ///     double buffer in ws for kTruncated), contributions in scatter_value_t<T, Target>;
 ///   exact(T{}, rounding): the exact mode's phases (rounding kNone), or the float64 truncated mode's.
-template <class Dev, class Scatter, class Exact>
+template <class Dev, class Plan, class Scatter, class Exact>
 void roi_backward_on(const Dev& dev, const TensorView& grad_input, const detail::RoiAlignShape& s, std::int64_t n,
-                     const RoiAlignBackwardOptions& opt, Workspace ws, Scatter&& scatter, Exact&& exact) {
+                     const Plan& plan, Workspace ws, Scatter&& scatter, Exact&& exact) {
   dispatch_floating(grad_input.dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (opt.mode) {
+    switch (plan.mode) {
       case BackwardMode::kAtomic:
         zero_fill<T>(dev, grad_input);
         if (n > 0) scatter(tag, static_cast<T*>(grad_input.data), strides4(grad_input), detail::GradRounding::kNone);
@@ -179,7 +179,7 @@ void roi_backward_on(const Dev& dev, const TensorView& grad_input, const detail:
       case BackwardMode::kTruncated: {
         if constexpr (std::is_same_v<T, double>) {
           // Double atomics would leave the scheduling order in the result: the CPU's order instead.
-          exact(tag, grad_rounding(opt));
+          exact(tag, plan.rounding);
           break;
         }
         const std::int64_t total = s.N * s.C * s.H * s.W;
@@ -189,7 +189,7 @@ void roi_backward_on(const Dev& dev, const TensorView& grad_input, const detail:
         }
         auto* buf = static_cast<double*>(ws.data);
         dev.zero(buf, static_cast<std::size_t>(total) * sizeof(double));
-        if (n > 0) scatter(tag, buf, detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1}, grad_rounding(opt));
+        if (n > 0) scatter(tag, buf, detail::Strides4{s.C * s.H * s.W, s.H * s.W, s.W, 1}, plan.rounding);
         dev.launch("roi_truncated_store", total,
                    TruncatedStoreBody<T>{buf, static_cast<T*>(grad_input.data), strides4(grad_input), s.C, s.H, s.W});
         break;

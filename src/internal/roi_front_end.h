@@ -135,19 +135,6 @@ Check check_roi_values(std::int64_t K, bool check_rois, bool need_total, Run&& r
   return check;
 }
 
-/// The exact mode's records (4 per sample, `samples` in all) stay within 2^40: sized in double
-/// first, so that a huge problem is an error, not an overflow.
-inline void check_record_budget(const char* op, BackwardMode mode, const detail::RoiAlignShape& s,
-                                std::int64_t total_samples) {
-  const double samples = s.sampling_ratio > 0 ? static_cast<double>(s.K) * static_cast<double>(s.PH) *
-                                                    static_cast<double>(s.PW) * static_cast<double>(s.sampling_ratio) *
-                                                    static_cast<double>(s.sampling_ratio)
-                                              : static_cast<double>(total_samples);
-  if (4.0 * samples > static_cast<double>(std::int64_t{1} << 40))
-    fail(ErrorCode::kOutOfMemory, "{}: the {} mode would need {} records (4 per sample); expected at most 2^40 "
-         "(use fewer rois per call or a smaller sampling_ratio)", op, to_string(mode), 4.0 * samples);
-}
-
 /// The backward's last step: its workspace of `bytes` (the caller's, checked for size and for
 /// overlap with `views`, or one from ctx.allocator), then run(workspace) unless grad_input is empty.
 template <class Run>
