@@ -35,13 +35,13 @@ bool enumerates(const RoiAlignCall& call, BackwardMode mode) {
   return roi_backward_enumerates(call.features.dtype, mode);
 }
 
-std::size_t backward_workspace(const RoiAlignCall& call, const RoiAlignPlan& plan) {
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiBackwardPlan& plan) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const Context ctx{};                                      // a size query enqueues nothing
   return roi_align_backward_workspace_on(CudaDevice{ctx, call.op}, call, plan);
 }
 
-void backward(const RoiAlignCall& call, const RoiAlignPlan& plan, const Context& ctx, Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiBackwardPlan& plan, const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
   roi_align_backward_on(CudaDevice{ctx, call.op}, call, plan, ws);
 }

@@ -20,7 +20,7 @@ namespace internal {
 
 namespace {
 
-RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context& ctx) {
+RoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context& ctx) {
   DeviceGuard guard(call.features.device.index, call.op);
   return rotated_check_rois_on(CudaDevice{ctx, call.op}, call, need_total);
 }
@@ -35,13 +35,13 @@ bool enumerates(const RoiAlignRotatedCall& call, BackwardMode mode) {
   return roi_backward_enumerates(call.features.dtype, mode);
 }
 
-std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan) {
+std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiBackwardPlan& plan) {
   DeviceGuard guard(call.features.device.index, call.op);  // CUB's temp sizes depend on the device
   const Context ctx{};                                      // a size query enqueues nothing
   return rotated_backward_workspace_on(CudaDevice{ctx, call.op}, call, plan);
 }
 
-void backward(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan, const Context& ctx, Workspace ws) {
+void backward(const RoiAlignRotatedCall& call, const RoiBackwardPlan& plan, const Context& ctx, Workspace ws) {
   DeviceGuard guard(call.features.device.index, call.op);
   rotated_backward_on(CudaDevice{ctx, call.op}, call, plan, ws);
 }

@@ -33,8 +33,6 @@ const internal::RoiAlignBackend& backend(const internal::RoiAlignCall& call) {
   return internal::backend_for(kBackends, call.features.device, call.op);
 }
 
-constexpr const char* kRoiRow = "(batch_index, x1, y1, x2, y2)";
-
 void check_argmax(const char* op, const TensorView& argmax, const RoiAlignOptions& o, const TensorView& pooled,
                   const char* pooled_name, bool required = true) {
   if (!required && !argmax.defined()) return;  // the workspace query does not read argmax
@@ -58,37 +56,10 @@ void check_pool_mode(const char* op, const RoiAlignOptions& o) {
          static_cast<int>(o.pool_mode));
 }
 
-/// Turns a failed roi check into the documented error.
-void raise_roi_error(const char* op, const internal::RoiCheck& c, const detail::RoiAlignShape& s) {
-  using detail::RoiStatus;
-  const double* r = c.row;
-  switch (c.status) {
-    case RoiStatus::kOk: return;
-    case RoiStatus::kBatchIndexNotFinite:
-    case RoiStatus::kBatchIndexNotInteger:
-    case RoiStatus::kBatchIndexOutOfRange: internal::raise_bad_batch_index(op, c.bad_row, r[0], s.N);
-    case RoiStatus::kCoordinateNotFinite:
-      fail(ErrorCode::kInvalidArgument,
-           "{}: rois[{}] has coordinates (x1, y1, x2, y2) = ({}, {}, {}, {}); expected finite values", op, c.bad_row,
-           r[1], r[2], r[3], r[4]);
-    case RoiStatus::kGeometryNotFinite:
-      fail(ErrorCode::kInvalidArgument, "{}: rois[{}] = ({}, {}, {}, {}) scaled by spatial_scale {} overflows the "
-           "accumulation type; expected coordinates within its range", op, c.bad_row, r[1], r[2], r[3], r[4],
-           s.spatial_scale);
-    case RoiStatus::kTooManySamples:
-      fail(ErrorCode::kOutOfMemory,
-           "{}: rois[{}] = ({}, {}, {}, {}) needs an adaptive grid of {}x{} samples per bin ({} bins); expected at most "
-           "max_samples_per_roi = {} samples per roi (raise RoiAlignOptions::max_samples_per_roi or set a fixed "
-           "sampling_ratio)", op, c.bad_row, r[1], r[2], r[3], r[4], c.grid_h, c.grid_w, s.PH * s.PW,
-           s.max_samples_per_roi);
-  }
-}
-
 internal::RoiCheck check_rois_values(const internal::RoiAlignCall& call, const RoiAlignOptions& o, bool need_total,
                                      const Context& ctx) {
-  return internal::check_roi_values<internal::RoiCheck>(
-      call.shape.K, o.check_rois, need_total, [&] { return backend(call).check_rois(call, need_total, ctx); },
-      [&](const internal::RoiCheck& c) { raise_roi_error(call.op, c, call.shape); });
+  return internal::check_roi_values(call.op, internal::kAxisAlignedRois, call.shape, o.check_rois, need_total,
+                                    [&] { return backend(call).check_rois(call, need_total, ctx); });
 }
 
 internal::RoiAlignCall validate_forward(const TensorView& input, const TensorView& rois, const TensorView& output,
@@ -98,7 +69,7 @@ internal::RoiAlignCall validate_forward(const TensorView& input, const TensorVie
   check_pool_mode(op, o);
   internal::check_tensor(op, "input", input, 4);
   internal::check_floating(op, "input", input);
-  internal::check_rois_tensor(op, rois, 5, kRoiRow, input, "input");
+  internal::check_rois_tensor(op, rois, internal::kAxisAlignedRois, input, "input");
   internal::check_pooled(op, "output", output, rois.sizes[0], input.sizes[1], o, input.dtype, input, "input");
   check_argmax(op, argmax, o, output, "output");
   // The outputs are written while the inputs are read: no shared byte (not even an exact alias).
@@ -121,7 +92,7 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   internal::check_tensor(op, "grad_input", grad_input, 4);
   internal::check_floating(op, "grad_input", grad_input);
   internal::check_outputs(op, {{"grad_input", &grad_input}});
-  internal::check_rois_tensor(op, rois, 5, kRoiRow, grad_input, "grad_input");
+  internal::check_rois_tensor(op, rois, internal::kAxisAlignedRois, grad_input, "grad_input");
   internal::check_pooled(op, "grad_output", grad_output, rois.sizes[0], grad_input.sizes[1], o, grad_input.dtype,
                          grad_input, "grad_input");
   check_argmax(op, argmax, o, grad_output, "grad_output", argmax_required);
@@ -133,13 +104,13 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
           o.pool_mode == PoolMode::kMax};
 }
 
-/// The backward decoded once (internal::RoiAlignPlan): the backend's steps, asked once each.
-internal::RoiAlignPlan plan_backward(const internal::RoiAlignCall& call, const RoiAlignOptions& o,
+/// The backward decoded once (internal::RoiBackwardPlan): the backend's steps, asked once each.
+internal::RoiBackwardPlan plan_backward(const internal::RoiAlignCall& call, const RoiAlignOptions& o,
                                      const RoiAlignBackwardOptions& b, const Context& ctx) {
   const internal::RoiAlignBackend& be = backend(call);
   return internal::plan_roi_align_backward(
       call, b, be.enumerates(call, b.mode), [&](bool need_total) { return check_rois_values(call, o, need_total, ctx); },
-      [&](const internal::RoiAlignPlan& plan) { return be.backward_workspace(call, plan); });
+      [&](const internal::RoiBackwardPlan& plan) { return be.backward_workspace(call, plan); });
 }
 
 }  // namespace
@@ -163,7 +134,7 @@ void roi_align_backward(const TensorView& grad_output, const TensorView& rois, c
                         const RoiAlignOptions& options, const RoiAlignBackwardOptions& backward, const Context& ctx,
                         const TensorView& argmax, Workspace workspace) {
   const internal::RoiAlignCall call = validate_backward(grad_output, rois, grad_input, options, backward, argmax);
-  const internal::RoiAlignPlan plan = plan_backward(call, options, backward, ctx);
+  const internal::RoiBackwardPlan plan = plan_backward(call, options, backward, ctx);
   internal::run_in_workspace(call.op, plan.workspace, grad_input, ctx, workspace,
                              {{"grad_output", &grad_output}, {"rois", &rois}, {"grad_input", &grad_input},
                               {"argmax", &argmax}},

@@ -91,10 +91,10 @@ void emulate_backward_into(const Case& c, const TensorView& gi, BackwardMode mod
   RoiAlignBackwardOptions b;
   b.mode = mode;
   b.truncation = format;
-  const internal::RoiAlignPlan plan = internal::plan_roi_align_backward(
+  const internal::RoiBackwardPlan plan = internal::plan_roi_align_backward(
       call, b, internal::roi_backward_enumerates(gi.dtype, mode),
       [&](bool need_total) { return internal::roi_align_check_rois_on(dev, call, need_total); },
-      [&](const internal::RoiAlignPlan& p) { return internal::roi_align_backward_workspace_on(dev, call, p); });
+      [&](const internal::RoiBackwardPlan& p) { return internal::roi_align_backward_workspace_on(dev, call, p); });
   if (c.opt.check_rois) {
     EXPECT_EQ(plan.check.bad_row, -1);
   }

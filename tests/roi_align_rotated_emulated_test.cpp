@@ -90,10 +90,10 @@ Tensor emulate_backward(const Case& c, DType dt, Layout layout, BackwardMode mod
   const test::EmulatedDevice dev;
   RoiAlignBackwardOptions b;
   b.mode = mode;
-  const internal::RoiAlignRotatedPlan plan = internal::plan_rotated_backward(
+  const internal::RoiBackwardPlan plan = internal::plan_rotated_backward(
       call, b, internal::roi_backward_enumerates(dt, mode),
       [&](bool need_total) { return internal::rotated_check_rois_on(dev, call, need_total); },
-      [&](const internal::RoiAlignRotatedPlan& p) { return internal::rotated_backward_workspace_on(dev, call, p); });
+      [&](const internal::RoiBackwardPlan& p) { return internal::rotated_backward_workspace_on(dev, call, p); });
   EXPECT_EQ(plan.check.bad_row, -1);
   test::PoisonedWorkspace ws(plan.workspace);
   internal::rotated_backward_on(dev, call, plan, ws.ws);
@@ -192,7 +192,7 @@ TEST(RoiAlignRotatedEmulatedChunks, ImagesBeyondOneChunkMatchTheCpuBackend) {
       c.shape.max_samples_per_roi = c.opt.max_samples_per_roi;
       c.shape.angle_radians = false, c.shape.clockwise = false;
       Tensor gi = Tensor::empty({N, C, H, W}, dt, Device::cpu(), layout);
-      const internal::RotatedRoiCheck check =
+      const internal::RoiCheck check =
           internal::rotated_check_rois_on(test::EmulatedDevice{}, make_call(c, gi.view(), c.grad_output.view()), true);
       ASSERT_EQ(internal::rotated_exact_chunks(c.shape, check).images, 2) << "two chunks";
       internal::dispatch_floating(dt, [&](auto tag) { check_case<decltype(tag)>(c, dt, layout); });
@@ -204,11 +204,11 @@ TEST(RoiAlignRotatedEmulatedCheck, TheCudaCheckReportsTheFirstBadRow) {
   Case c = make_case(DType::kFloat32, Layout::kNCHW, 0, true);
   c.rois.data<float>()[7 * 6 + 3] = -1;  // negative width
   c.rois.data<float>()[3 * 6 + 0] = 5;   // batch index out of range
-  const internal::RotatedRoiCheck check = internal::rotated_check_rois_on(
+  const internal::RoiCheck check = internal::rotated_check_rois_on(
       test::EmulatedDevice{}, make_call(c, c.input.view(), c.grad_output.view()), true);
   EXPECT_EQ(check.bad_row, 3);
   EXPECT_EQ(check.row[0], 5.0);
-  EXPECT_NE(check.status, detail::RotatedRoiStatus::kOk);
+  EXPECT_NE(check.status, detail::RoiStatus::kOk);
 }
 
 }  // namespace

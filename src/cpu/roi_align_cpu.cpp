@@ -427,7 +427,7 @@ void forward(const RoiAlignCall& call, const Context& ctx) {
     dispatch_floating(call.features.dtype, [&](auto tag) { forward_planes<decltype(tag)>(call, ctx); });
 }
 
-std::size_t backward_workspace(const RoiAlignCall& call, const RoiAlignPlan& plan) {
+std::size_t backward_workspace(const RoiAlignCall& call, const RoiBackwardPlan& plan) {
   const detail::RoiAlignShape& s = call.shape;
   switch (plan.mode) {
     case BackwardMode::kAtomic: return 0;
@@ -440,7 +440,7 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiAlignPlan& pla
   return 0;
 }
 
-void backward(const RoiAlignCall& call, const RoiAlignPlan& plan, const Context& ctx, Workspace ws) {
+void backward(const RoiAlignCall& call, const RoiBackwardPlan& plan, const Context& ctx, Workspace ws) {
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
     const detail::RoiAlignShape& s = call.shape;

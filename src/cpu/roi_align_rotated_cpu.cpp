@@ -58,7 +58,7 @@ struct RotatedCpuKernels {
 namespace {
 
 using detail::RotatedBox;
-using detail::RotatedRoiStatus;
+using detail::RoiStatus;
 using Shape = detail::RoiAlignRotatedShape;
 
 /// Samples per block of roi tables (the tables of a block are built once and walked once per unit).
@@ -273,7 +273,7 @@ WorkspaceLayout exact_layout(const Shape& s, const RotatedExactChunks& ch) {
 }
 
 template <class T>
-void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, const Context& ctx, Workspace ws) {
+void exact_backward(const RoiAlignRotatedCall& call, const RoiCheck& check, const Context& ctx, Workspace ws) {
   using A = acc_t<T>;
   const Shape& s = call.shape;
   const int threads = ctx.resolved_threads();
@@ -339,8 +339,8 @@ void exact_backward(const RoiAlignRotatedCall& call, const RotatedRoiCheck& chec
 // ---------------------------------------------------------------------------------------------
 // Entry points (the table kRoiAlignRotatedCpu at the bottom)
 
-RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context&) {
-  RotatedRoiCheck check;
+RoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, const Context&) {
+  RoiCheck check;
   check.total_samples = 0;  // cheap here: always computed
   const detail::RoiSource rois = roi_source(call.rois);
   const Shape& s = call.shape;
@@ -353,7 +353,7 @@ RotatedRoiCheck check_rois(const RoiAlignRotatedCall& call, bool need_total, con
       double row[detail::kRotatedRoiColumns];
       detail::load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row, detail::kRotatedRoiColumns);
       const RotatedBox<A> box = detail::make_rotated_box<A>(row[0], row + 1, s);
-      if (box.status != RotatedRoiStatus::kOk) {
+      if (box.status != RoiStatus::kOk) {
         if (check.bad_row < 0) {
           check.bad_row = k;
           check.status = box.status;
@@ -381,7 +381,7 @@ void forward(const RoiAlignRotatedCall& call, const Context& ctx) {
   dispatch_floating(call.features.dtype, [&](auto tag) { forward_typed<decltype(tag)>(call, ctx); });
 }
 
-std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan) {
+std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiBackwardPlan& plan) {
   const Shape& s = call.shape;
   switch (plan.mode) {
     case BackwardMode::kAtomic: return 0;
@@ -394,7 +394,7 @@ std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiAlignRo
   return 0;
 }
 
-void backward(const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan, const Context& ctx, Workspace ws) {
+void backward(const RoiAlignRotatedCall& call, const RoiBackwardPlan& plan, const Context& ctx, Workspace ws) {
   dispatch_floating(call.features.dtype, [&](auto tag) {
     using T = decltype(tag);
     const Shape& s = call.shape;

@@ -27,14 +27,17 @@ struct RoiAlignCall {
   bool max_pool;
 };
 
-/// What checking the rois found: the first invalid row (-1 if none) with its status, and the
-/// total number of samples over all rois (-1 if not computed).
+/// What checking the rois found, for both roi ops: the first invalid row (-1 if none) with its
+/// status and values; with need_total, the total number of samples over all rois and (for
+/// RoIAlignRotated's chunks of images) the most samples the rois of one image hold (-1 if not
+/// computed).
 struct RoiCheck {
   std::int64_t bad_row = -1;
   detail::RoiStatus status = detail::RoiStatus::kOk;
-  double row[5] = {};  // the bad row's values, for the message
+  double row[6] = {};  // the bad row's values, for the message (5 columns; 6 for rotated rois)
   std::int64_t grid_h = 0, grid_w = 0;
   std::int64_t total_samples = -1;
+  std::int64_t max_image_samples = -1;
 };
 
 inline detail::Strides4 strides4(const TensorView& v) {
@@ -109,13 +112,12 @@ detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::E
 /// run): the mode and rounding taken from the options, whether the backend enumerates records
 /// (so that its workspace follows the rois' samples), the roi check with the totals that needs,
 /// and the workspace's layout bytes. The workspace query returns its bytes; the backward reads it
-/// and decodes nothing again. Check: RoiCheck or RotatedRoiCheck.
-template <class Check>
+/// and decodes nothing again. One type for both roi ops.
 struct RoiBackwardPlan {
   BackwardMode mode = BackwardMode::kExact;
   detail::GradRounding rounding = detail::GradRounding::kNone;  // the truncated mode's format
   bool enumerates = false;   // records in the workspace: the exact mode; CUDA's float64 truncated mode
-  Check check;               // the rois' check (with the sample totals when the workspace needs them)
+  RoiCheck check;            // the rois' check (with the sample totals when the workspace needs them)
   std::size_t workspace = 0; // the layout's bytes, without the alignment slack
 };
 
@@ -134,41 +136,39 @@ inline void check_record_budget(const char* op, BackwardMode mode, const detail:
 
 /// Builds a roi op's plan. The front end passes its backend's steps, the emulated tests the CUDA
 /// backend's on the emulated device, so both run this one sequence:
-///   check_rois(need_total) -> Check: the roi check (need_total: the op's rule, from enumerates);
+///   check_rois(need_total) -> RoiCheck: the roi check (need_total: the op's rule, from enumerates);
 ///   bytes(plan) -> std::size_t: the backend's layout bytes for the plan so far.
 /// No rois or no channels: no workspace.
-template <class Check, class CheckRois, class Bytes>
-RoiBackwardPlan<Check> plan_roi_backward(const char* op, const detail::RoiAlignShape& s,
+template <class CheckRois, class Bytes>
+RoiBackwardPlan plan_roi_backward(const char* op, const detail::RoiAlignShape& s,
                                          const RoiAlignBackwardOptions& b, bool enumerates, bool need_total,
                                          CheckRois&& check_rois, Bytes&& bytes) {
-  RoiBackwardPlan<Check> plan;
+  RoiBackwardPlan plan;
   plan.mode = b.mode;
   plan.rounding = grad_rounding(b);
   plan.enumerates = enumerates;
   plan.check = check_rois(need_total);
   if (s.K == 0 || s.C == 0) return plan;
   if (enumerates) check_record_budget(op, b.mode, s, plan.check.total_samples);
-  plan.workspace = bytes(static_cast<const RoiBackwardPlan<Check>&>(plan));
+  plan.workspace = bytes(static_cast<const RoiBackwardPlan&>(plan));
   return plan;
 }
 
-using RoiAlignPlan = RoiBackwardPlan<RoiCheck>;
-
 /// RoIAlign's plan: with adaptive sampling, slots follow the rois, so the check totals their samples.
 template <class CheckRois, class Bytes>
-RoiAlignPlan plan_roi_align_backward(const RoiAlignCall& call, const RoiAlignBackwardOptions& b, bool enumerates,
+RoiBackwardPlan plan_roi_align_backward(const RoiAlignCall& call, const RoiAlignBackwardOptions& b, bool enumerates,
                                      CheckRois&& check_rois, Bytes&& bytes) {
-  return plan_roi_backward<RoiCheck>(call.op, call.shape, b, enumerates, enumerates && call.shape.sampling_ratio <= 0,
+  return plan_roi_backward(call.op, call.shape, b, enumerates, enumerates && call.shape.sampling_ratio <= 0,
                                      check_rois, bytes);
 }
 
 /// A roi op's backend: one table per op and device (internal/backend.h), defined at the bottom of
-/// src/cpu/<op>_cpu.cpp and cuda/<op>_cuda.cu. Call: the op's validated call; Check: its roi check.
-template <class Call, class Check>
+/// src/cpu/<op>_cpu.cpp and cuda/<op>_cuda.cu. Call: the op's validated call.
+template <class Call>
 struct RoiBackend {
   /// Checks every roi row (the first invalid one with its status) and, with need_total, totals
   /// the samples (for the workspace). CUDA: one wait on ctx.cuda_stream.
-  Check (*check_rois)(const Call& call, bool need_total, const Context& ctx);
+  RoiCheck (*check_rois)(const Call& call, bool need_total, const Context& ctx);
   void (*forward)(const Call& call, const Context& ctx);
   /// Whether the backward in `mode` enumerates records, 4 per sample, so that its workspace
   /// follows the sample count: the exact mode everywhere; on CUDA also the float64 truncated
@@ -176,11 +176,11 @@ struct RoiBackend {
   /// (double atomics would leave the scheduling order in them). Asked once per call, by the plan.
   bool (*enumerates)(const Call& call, BackwardMode mode);
   /// Bytes of the backward's WorkspaceLayout (without the alignment slack) for the plan.
-  std::size_t (*backward_workspace)(const Call& call, const RoiBackwardPlan<Check>& plan);
+  std::size_t (*backward_workspace)(const Call& call, const RoiBackwardPlan& plan);
   /// The backward into call.features (grad_input); ws: plan.workspace bytes, kWorkspaceAlign-aligned.
-  void (*backward)(const Call& call, const RoiBackwardPlan<Check>& plan, const Context& ctx, Workspace ws);
+  void (*backward)(const Call& call, const RoiBackwardPlan& plan, const Context& ctx, Workspace ws);
 };
-using RoiAlignBackend = RoiBackend<RoiAlignCall, RoiCheck>;
+using RoiAlignBackend = RoiBackend<RoiAlignCall>;
 extern const RoiAlignBackend kRoiAlignCpu;
 extern const RoiAlignBackend kRoiAlignCuda;
 

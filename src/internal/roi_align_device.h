@@ -268,7 +268,7 @@ void roi_align_forward_on(const Dev& dev, const RoiAlignCall& call) {
 
 /// Bytes of the backward's workspace on `dev` for the plan (its mode and roi check).
 template <class Dev>
-std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& call, const RoiAlignPlan& plan) {
+std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& call, const RoiBackwardPlan& plan) {
   const detail::RoiAlignShape& s = call.shape;
   const std::int64_t cap = exact_slot_capacity(s, plan.check);
   return roi_backward_workspace_bytes(call.features.dtype, plan.mode, s, [&](auto a_tag, bool with_divisors) {
@@ -280,7 +280,7 @@ std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& 
 
 /// The backward on `dev` into call.features (grad_input) as the plan says.
 template <class Dev>
-void roi_align_backward_on(const Dev& dev, const RoiAlignCall& call, const RoiAlignPlan& plan, Workspace ws) {
+void roi_align_backward_on(const Dev& dev, const RoiAlignCall& call, const RoiBackwardPlan& plan, Workspace ws) {
   roi_backward_on(
       dev, call.features, call.shape, call.pooled.numel(), plan, ws,
       [&](auto t_tag, auto* target, const detail::Strides4& ts, detail::GradRounding rounding) {

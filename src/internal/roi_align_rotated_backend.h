@@ -25,18 +25,6 @@ struct RoiAlignRotatedCall {
   detail::RoiAlignRotatedShape shape;
 };
 
-/// What checking the rois found: the first invalid row (-1 if none) with its status and values;
-/// with need_total, the total number of samples over all rois and the most samples the rois of
-/// one image hold (-1 if not computed).
-struct RotatedRoiCheck {
-  std::int64_t bad_row = -1;
-  detail::RotatedRoiStatus status = detail::RotatedRoiStatus::kOk;
-  double row[detail::kRotatedRoiColumns] = {};
-  std::int64_t grid_h = 0, grid_w = 0;
-  std::int64_t total_samples = -1;
-  std::int64_t max_image_samples = -1;
-};
-
 /// The exact mode's chunks, whole images each (as grid_sample's and ms_deform_attn's): as many
 /// images as fit in max(the largest image's records, detail::kGatherChunkRecords), so the
 /// workspace stays bounded whatever the batch. A destination belongs to one image, and a chunk
@@ -47,7 +35,7 @@ struct RotatedExactChunks {
   std::int64_t records;    // records of the largest chunk at most (4 per sample): the arrays' capacity
   std::int64_t positions;  // images * H * W: a chunk's keys are below it, and it is the sentinel
 };
-inline RotatedExactChunks rotated_exact_chunks(const detail::RoiAlignRotatedShape& s, const RotatedRoiCheck& check) {
+inline RotatedExactChunks rotated_exact_chunks(const detail::RoiAlignRotatedShape& s, const RoiCheck& check) {
   const std::int64_t total = 4 * std::max<std::int64_t>(check.total_samples, 0);
   const std::int64_t per_image = 4 * std::max<std::int64_t>(check.max_image_samples, 0);
   std::int64_t images = std::max<std::int64_t>(s.N, 1);  // no records: one chunk, which only zero-fills
@@ -56,20 +44,21 @@ inline RotatedExactChunks rotated_exact_chunks(const detail::RoiAlignRotatedShap
   return {images, std::min(total, images * per_image), images * s.H * s.W};
 }
 
-using RoiAlignRotatedPlan = RoiBackwardPlan<RotatedRoiCheck>;
-
 /// RoIAlignRotated's plan: the exact mode's chunks of images are sized from the rois (the samples
 /// of each image's rois, rotated_exact_chunks), fixed sampling ratio or not, so the check totals
 /// them whenever records are enumerated into a non-empty grad_input.
 template <class CheckRois, class Bytes>
-RoiAlignRotatedPlan plan_rotated_backward(const RoiAlignRotatedCall& call, const RoiAlignBackwardOptions& b,
-                                          bool enumerates, CheckRois&& check_rois, Bytes&& bytes) {
-  return plan_roi_backward<RotatedRoiCheck>(call.op, call.shape, b, enumerates,
-                                            enumerates && call.features.numel() > 0, check_rois, bytes);
+RoiBackwardPlan plan_rotated_backward(const RoiAlignRotatedCall& call, const RoiAlignBackwardOptions& b,
+                                      bool enumerates, CheckRois&& check_rois, Bytes&& bytes) {
+  return plan_roi_backward(call.op, call.shape, b, enumerates, enumerates && call.features.numel() > 0, check_rois,
+                           bytes);
 }
 
-/// A RoIAlignRotated backend (internal/backend.h): RoIAlign's table over its call and check.
-using RoiAlignRotatedBackend = RoiBackend<RoiAlignRotatedCall, RotatedRoiCheck>;
+static_assert(detail::kRotatedRoiColumns <= static_cast<int>(sizeof(RoiCheck::row) / sizeof(double)),
+              "RoiCheck::row holds a rotated roi row");
+
+/// A RoIAlignRotated backend (internal/backend.h): RoIAlign's table over its call.
+using RoiAlignRotatedBackend = RoiBackend<RoiAlignRotatedCall>;
 extern const RoiAlignRotatedBackend kRoiAlignRotatedCpu;
 extern const RoiAlignRotatedBackend kRoiAlignRotatedCuda;
 

@@ -122,7 +122,7 @@ std::size_t exact_temp_bytes(const Dev& dev, const Shape& s, const RotatedExactC
 /// images at a time: each sorts the chunk's capacity of records (those its rois leave keep the
 /// sentinel and sort last), so nothing waits for the device.
 template <class T, class Dev>
-void exact_backward(const Dev& dev, const RoiAlignRotatedCall& call, const RotatedRoiCheck& check, Workspace ws,
+void exact_backward(const Dev& dev, const RoiAlignRotatedCall& call, const RoiCheck& check, Workspace ws,
                     detail::GradRounding rounding) {
   using A = acc_t<T>;
   const bool truncated = rounding != detail::GradRounding::kNone;
@@ -202,7 +202,7 @@ void scatter(const Dev& dev, const RoiAlignRotatedCall& call, Target* target, co
 
 /// The roi check on `dev` (with need_total, the sample totals that size the exact mode).
 template <class Dev>
-RotatedRoiCheck rotated_check_rois_on(const Dev& dev, const RoiAlignRotatedCall& call, bool need_total) {
+RoiCheck rotated_check_rois_on(const Dev& dev, const RoiAlignRotatedCall& call, bool need_total) {
   const rotated_device::Shape& s = call.shape;
   const detail::RoiSource rois = roi_source(call.rois);
   using MinU64 = typename Dev::MinU64;
@@ -214,7 +214,7 @@ RotatedRoiCheck rotated_check_rois_on(const Dev& dev, const RoiAlignRotatedCall&
                    rotated_device::CheckBody<decltype(a_tag), MinU64, AddI64>{rois, s, counts, MinU64{first_bad},
                                                                               AddI64{image_samples}});
       });
-  RotatedRoiCheck check = roi_check_from_device<RotatedRoiCheck>(
+  RoiCheck check = roi_check_from_device<RoiCheck>(
       found, detail::kRotatedRoiColumns, call.features.dtype,
       [&](auto a_tag, const double* row) { return detail::make_rotated_box<decltype(a_tag)>(row[0], row + 1, s); });
   if (need_total) check.max_image_samples = found.max_image_samples;
@@ -238,7 +238,7 @@ void rotated_forward_on(const Dev& dev, const RoiAlignRotatedCall& call) {
 /// Bytes of the backward's workspace on `dev` for the plan (its mode and roi check).
 template <class Dev>
 std::size_t rotated_backward_workspace_on(const Dev& dev, const RoiAlignRotatedCall& call,
-                                          const RoiAlignRotatedPlan& plan) {
+                                          const RoiBackwardPlan& plan) {
   const rotated_device::Shape& s = call.shape;
   const RotatedExactChunks ch = rotated_exact_chunks(s, plan.check);
   return roi_backward_workspace_bytes(call.features.dtype, plan.mode, s, [&](auto a_tag, bool with_divisors) {
@@ -249,7 +249,7 @@ std::size_t rotated_backward_workspace_on(const Dev& dev, const RoiAlignRotatedC
 
 /// The backward on `dev` into call.features (grad_input) as the plan says.
 template <class Dev>
-void rotated_backward_on(const Dev& dev, const RoiAlignRotatedCall& call, const RoiAlignRotatedPlan& plan,
+void rotated_backward_on(const Dev& dev, const RoiAlignRotatedCall& call, const RoiBackwardPlan& plan,
                          Workspace ws) {
   roi_backward_on(
       dev, call.features, call.shape, call.pooled.numel(), plan, ws,

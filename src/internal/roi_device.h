@@ -97,7 +97,7 @@ DeviceRoiCheck roi_check_on(const Dev& dev, const TensorView& features, const Te
   return check;
 }
 
-/// An op's roi check (RoiCheck, RotatedRoiCheck) from the device's: the total, and for a bad row
+/// An op's roi check (RoiCheck, RoiCheck) from the device's: the total, and for a bad row
 /// its `columns` values and what the op's host check says of it, make_box(A{}, row) (a box with
 /// status, grid_h and grid_w; A the accumulation type of `dtype`, as on the device).
 template <class Check, class MakeBox>

@@ -8,17 +8,31 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "detops/backward_mode.h"
 #include "detops/context.h"
 #include "detops/detail/roi_align_math.h"
 #include "detops/roi_align.h"
 #include "internal/common.h"
+#include "internal/roi_align_backend.h"
 #include "internal/scratch.h"
 #include "internal/validate.h"
 
 namespace detops {
 namespace internal {
+
+/// A roi op's geometry as its front end sees it: RoIAlign pools axis-aligned boxes, RoIAlignRotated
+/// rotated ones; the rest of the two ops (options, checks, plan, backend table) is one. The
+/// geometry's math lives in detail/roi_align{,_rotated}_math.h; here: its rows and their words.
+struct RoiGeometry {
+  int columns;          // of a rois row, the batch index first
+  const char* row;      // the row's columns, for messages
+  bool rotated;         // (cx, cy, w, h, angle) rows: a size can be negative, an angle not finite
+  const char* options;  // the options struct that holds max_samples_per_roi
+};
+inline constexpr RoiGeometry kAxisAlignedRois{5, "(batch_index, x1, y1, x2, y2)", false, "RoiAlignOptions"};
+inline constexpr RoiGeometry kRotatedRois{6, "(batch_index, cx, cy, w, h, angle)", true, "RoiAlignRotatedOptions"};
 
 /// The options both ops have (RoiAlignOptions, RoiAlignRotatedOptions): a pooled size, a finite
 /// positive spatial_scale, max_samples_per_roi in [1, 2^40], and a fixed sampling_ratio whose
@@ -53,14 +67,14 @@ inline void check_backward_options(const char* op, const RoiAlignBackwardOptions
     fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
 }
 
-/// rois: rank 2 with `columns` columns (`row_format` names them for the message), in the dtype of
-/// `features` (the map, named `features_name`), float32 or float64, on its device.
-inline void check_rois_tensor(const char* op, const TensorView& rois, int columns, const char* row_format,
-                              const TensorView& features, const char* features_name) {
+/// rois: rank 2 with the geometry's columns, in the dtype of `features` (the map, named
+/// `features_name`), float32 or float64, on its device.
+inline void check_rois_tensor(const char* op, const TensorView& rois, const RoiGeometry& g, const TensorView& features,
+                              const char* features_name) {
   constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
   check_tensor(op, "rois", rois, 2);
-  if (rois.sizes[1] != columns)
-    fail(kBad, "{}: rois has sizes {}; expected [K, {}] rows {}", op, sizes_str(rois), columns, row_format);
+  if (rois.sizes[1] != g.columns)
+    fail(kBad, "{}: rois has sizes {}; expected [K, {}] rows {}", op, sizes_str(rois), g.columns, g.row);
   const bool ok_dtype = rois.dtype == features.dtype || rois.dtype == DType::kFloat32 || rois.dtype == DType::kFloat64;
   if (!ok_dtype || !is_floating(rois.dtype))
     fail(kBad, "{}: rois has dtype {}; expected {} (the dtype of {}), float32 or float64", op, dtype_name(rois.dtype),
@@ -113,25 +127,55 @@ detail::RoiAlignShape pooling_shape(const TensorView& features, std::int64_t K, 
   return s;
 }
 
-/// The message of a bad batch index, the same for both ops.
-[[noreturn]] inline void raise_bad_batch_index(const char* op, std::int64_t row, double value, std::int64_t N) {
-  fail(ErrorCode::kInvalidArgument, "{}: rois[{}] has batch index {}; expected an integer in [0, {})", op, row, value,
-       N);
+/// Turns a failed roi check into the documented error (nothing if the check passed).
+inline void raise_roi_error(const char* op, const RoiGeometry& g, const RoiCheck& c, const detail::RoiAlignShape& s) {
+  using detail::RoiStatus;
+  constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
+  const double* r = c.row;
+  switch (c.status) {
+    case RoiStatus::kOk: return;
+    case RoiStatus::kBatchIndexNotFinite:
+    case RoiStatus::kBatchIndexNotInteger:
+    case RoiStatus::kBatchIndexOutOfRange:
+      fail(kBad, "{}: rois[{}] has batch index {}; expected an integer in [0, {})", op, c.bad_row, r[0], s.N);
+    case RoiStatus::kValueNotFinite:
+      if (g.rotated)
+        fail(kBad, "{}: rois[{}] has (cx, cy, w, h, angle) = ({}, {}, {}, {}, {}); expected finite values", op,
+             c.bad_row, r[1], r[2], r[3], r[4], r[5]);
+      fail(kBad, "{}: rois[{}] has coordinates (x1, y1, x2, y2) = ({}, {}, {}, {}); expected finite values", op,
+           c.bad_row, r[1], r[2], r[3], r[4]);
+    case RoiStatus::kNegativeSize:
+      fail(kBad, "{}: rois[{}] has size (w, h) = ({}, {}); expected w >= 0 and h >= 0 (aligned boxes are not "
+           "clamped)", op, c.bad_row, r[3], r[4]);
+    case RoiStatus::kGeometryNotFinite:
+      fail(kBad, "{}: rois[{}] = ({}, {}, {}, {}) scaled by spatial_scale {} overflows the accumulation type; "
+           "expected {} within its range", op, c.bad_row, r[1], r[2], r[3], r[4], s.spatial_scale,
+           g.rotated ? "values" : "coordinates");
+    case RoiStatus::kTooManySamples: {
+      const std::string box = g.rotated ? fmt::format("with size (w, h) = ({}, {})", r[3], r[4])
+                                        : fmt::format("= ({}, {}, {}, {})", r[1], r[2], r[3], r[4]);
+      fail(ErrorCode::kOutOfMemory,
+           "{}: rois[{}] {} needs an adaptive grid of {}x{} samples per bin ({} bins); expected at most "
+           "max_samples_per_roi = {} samples per roi (raise {}::max_samples_per_roi or set a fixed sampling_ratio)",
+           op, c.bad_row, box, c.grid_h, c.grid_w, s.PH * s.PW, s.max_samples_per_roi, g.options);
+    }
+  }
 }
 
-/// The roi check of a call with K rois: run() (the backend's check_rois) when the options ask to
-/// check the rows or the workspace needs the sample totals (need_total), then raise(check) (the
-/// op's message for the first bad row) when checking. No rois: nothing to read, totals 0.
-template <class Check, class Run, class Raise>
-Check check_roi_values(std::int64_t K, bool check_rois, bool need_total, Run&& run, Raise&& raise) {
-  Check check;
-  if (K == 0) {
+/// The roi check of a call: run() (the backend's check_rois) when the options ask to check the
+/// rows (check_rois) or the workspace needs the sample totals (need_total), then, when checking,
+/// the error for the first bad row. No rois: nothing to read, totals 0.
+template <class Run>
+RoiCheck check_roi_values(const char* op, const RoiGeometry& g, const detail::RoiAlignShape& s, bool check_rois,
+                          bool need_total, Run&& run) {
+  RoiCheck check;
+  if (s.K == 0) {
     check.total_samples = 0;
     return check;
   }
   if (!check_rois && !need_total) return check;
   check = run();
-  if (check_rois) raise(check);
+  if (check_rois) raise_roi_error(op, g, check, s);
   return check;
 }
 

@@ -13,14 +13,16 @@
 namespace detops {
 namespace detail {
 
-/// Why a roi row was rejected (kOk if it was not).
+/// Why a roi row was rejected (kOk if it was not), for both roi ops (RoIAlignRotated is RoIAlign
+/// with a rotated geometry: its rows have one more value and can have a negative size).
 enum class RoiStatus : std::int32_t {
   kOk = 0,
   kBatchIndexNotFinite,
   kBatchIndexNotInteger,
   kBatchIndexOutOfRange,
-  kCoordinateNotFinite,
-  kGeometryNotFinite,   // finite coordinates whose scaled box overflows the accumulation type
+  kValueNotFinite,      // a coordinate: x1, y1, x2, y2 (or cx, cy, w, h, angle)
+  kNegativeSize,        // rotated: w < 0 or h < 0 with `aligned` (detectron2 asserts)
+  kGeometryNotFinite,   // finite values whose scaled box overflows the accumulation type
   kTooManySamples,      // adaptive grid larger than max_samples_per_roi
 };
 
@@ -57,7 +59,7 @@ DETOPS_HOST_DEVICE inline RoiStatus check_roi_values(double b, const double* coo
   if (bi != b) return RoiStatus::kBatchIndexNotInteger;
   if (b < 0 || b >= static_cast<double>(N)) return RoiStatus::kBatchIndexOutOfRange;
   for (int i = 0; i < 4; ++i)
-    if (!is_finite_d(coords[i])) return RoiStatus::kCoordinateNotFinite;
+    if (!is_finite_d(coords[i])) return RoiStatus::kValueNotFinite;
   return RoiStatus::kOk;
 }
 

@@ -26,7 +26,7 @@ DETOPS_HOST_DEVICE inline RotatedBox<A> load_rotated_box(const RoiSource& rois, 
   double row[kRotatedRoiColumns];
   load_roi_row(rois.data, rois.dtype, rois.s0, rois.s1, k, row, kRotatedRoiColumns);
   RotatedBox<A> box = make_rotated_box<A>(row[0], row + 1, s);
-  if (box.status != RotatedRoiStatus::kOk) box.batch = -1;
+  if (box.status != RoiStatus::kOk) box.batch = -1;
   return box;
 }
 
@@ -135,7 +135,7 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_check_element(std::int64_t k, c
                                                                const RoiAlignRotatedShape& s, std::int64_t* counts,
                                                                ReportBad&& report_bad, AddImage&& add_image) {
   const RotatedBox<A> box = load_rotated_box<A>(rois, k, s);
-  if (box.status != RotatedRoiStatus::kOk) report_bad(k);
+  if (box.status != RoiStatus::kOk) report_bad(k);
   if (!counts) return;
   counts[k] = box.batch < 0 ? 0 : box.grid_h * box.grid_w * s.PH * s.PW;
   if (box.batch >= 0) add_image(box.batch, counts[k]);

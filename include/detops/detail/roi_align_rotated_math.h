@@ -14,19 +14,6 @@
 namespace detops {
 namespace detail {
 
-/// Why a rotated roi row was rejected (kOk if it was not). The first five values mean what
-/// RoiStatus's do (check_rotated_roi_values converts them).
-enum class RotatedRoiStatus : std::int32_t {
-  kOk = 0,
-  kBatchIndexNotFinite,
-  kBatchIndexNotInteger,
-  kBatchIndexOutOfRange,
-  kValueNotFinite,     // cx, cy, w, h or angle
-  kNegativeSize,       // w < 0 or h < 0 with `aligned` (detectron2 asserts)
-  kGeometryNotFinite,  // finite values whose scaled box overflows the accumulation type
-  kTooManySamples,     // adaptive grid larger than max_samples_per_roi
-};
-
 /// Scalar parameters of one RoIAlignRotated call: RoIAlign's, plus the angle's convention.
 struct RoiAlignRotatedShape : RoiAlignShape {
   bool angle_radians;  // false: degrees (detectron2); true: radians (mmcv)
@@ -46,7 +33,7 @@ struct RotatedBox {
   A cos_t, sin_t;
   std::int64_t grid_h, grid_w;  // >= 0; both 0 when either is
   A count;                      // avg divisor: max(grid_h * grid_w, 1)
-  RotatedRoiStatus status;
+  RoiStatus status;
 };
 
 /// The sine and cosine of an angle, in double.
@@ -111,11 +98,11 @@ DETOPS_HOST_DEVICE inline SinCos rotation_sincos(double angle, bool radians, boo
 }
 
 /// Checks the batch index and the five values (cx, cy, w, h, angle) of a row read as doubles.
-DETOPS_HOST_DEVICE inline RotatedRoiStatus check_rotated_roi_values(double b, const double* v, std::int64_t N) {
-  // RoIAlign's check covers the batch index and four values; its statuses map one to one
+DETOPS_HOST_DEVICE inline RoiStatus check_rotated_roi_values(double b, const double* v, std::int64_t N) {
+  // RoIAlign's check covers the batch index and four values; then the angle
   const RoiStatus s = check_roi_values(b, v, N);
-  if (s != RoiStatus::kOk) return static_cast<RotatedRoiStatus>(static_cast<std::int32_t>(s));
-  return is_finite_d(v[4]) ? RotatedRoiStatus::kOk : RotatedRoiStatus::kValueNotFinite;
+  if (s != RoiStatus::kOk) return s;
+  return is_finite_d(v[4]) ? RoiStatus::kOk : RoiStatus::kValueNotFinite;
 }
 
 /// Geometry of roi row (b, cx, cy, w, h, angle), in detectron2's order of operations:
@@ -127,7 +114,7 @@ DETOPS_HOST_DEVICE inline RotatedBox<A> make_rotated_box(double b, const double*
   RotatedBox<A> r{};
   r.batch = -1;
   r.status = check_rotated_roi_values(b, v, s.N);
-  if (r.status != RotatedRoiStatus::kOk) return r;
+  if (r.status != RoiStatus::kOk) return r;
   const A scale = static_cast<A>(s.spatial_scale);
   const A offset = s.aligned ? A(0.5) : A(0);
   r.center_w = static_cast<A>(v[0]) * scale - offset;
@@ -136,7 +123,7 @@ DETOPS_HOST_DEVICE inline RotatedBox<A> make_rotated_box(double b, const double*
   A roi_h = static_cast<A>(v[3]) * scale;
   if (s.aligned) {
     if (roi_w < A(0) || roi_h < A(0)) {
-      r.status = RotatedRoiStatus::kNegativeSize;
+      r.status = RoiStatus::kNegativeSize;
       return r;
     }
   } else {  // mmcv's legacy mode: boxes at least 1x1
@@ -152,7 +139,7 @@ DETOPS_HOST_DEVICE inline RotatedBox<A> make_rotated_box(double b, const double*
   r.sin_t = static_cast<A>(t.sin);
   if (!is_finite_d(static_cast<double>(r.center_w)) || !is_finite_d(static_cast<double>(r.center_h)) ||
       !is_finite_d(static_cast<double>(r.bin_w)) || !is_finite_d(static_cast<double>(r.bin_h))) {
-    r.status = RotatedRoiStatus::kGeometryNotFinite;
+    r.status = RoiStatus::kGeometryNotFinite;
     return r;
   }
   const std::int64_t limit = s.max_samples_per_roi;
@@ -161,7 +148,7 @@ DETOPS_HOST_DEVICE inline RotatedBox<A> make_rotated_box(double b, const double*
   if (r.grid_h == 0 || r.grid_w == 0) r.grid_h = r.grid_w = 0;  // as RoIAlign: no loop for nothing
   if (static_cast<double>(r.grid_h) * static_cast<double>(r.grid_w) * static_cast<double>(s.PH) *
           static_cast<double>(s.PW) > static_cast<double>(limit)) {
-    r.status = RotatedRoiStatus::kTooManySamples;
+    r.status = RoiStatus::kTooManySamples;
     return r;
   }
   const std::int64_t g = r.grid_h * r.grid_w;
