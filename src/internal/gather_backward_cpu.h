@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 #include "detops/detail/gather_backward.h"
@@ -186,6 +187,91 @@ void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, 
     }
   });
 }
+
+/// The two ways a CPU backend runs an exact backward, with the same bits: the engine (records,
+/// a stable sort, fixed-order sums; it wins where channels-last rows vectorize its sums) or a
+/// sequential scatter in canonical order (PlaneScatter: no records, no sort, little memory). The
+/// backend picks by layout; tests run both and compare them bit for bit.
+enum class CpuExactPath { kEngine, kScatter };
+
+/// The engine's sums without its records and sort, for a backend that visits one destination
+/// plane's records in canonical order itself: each record is added where it lands, so every
+/// destination receives its records in the engine's sorted order (the sort is stable by
+/// destination), from zero. The engine's partials are kept: before a destination's k-th record,
+/// k a positive multiple of `split`, the partial so far is folded into its total
+/// (total = total + partial, the total starting from zero; the partial restarts from zero), and
+/// finish() adds each folded destination's last partial to its total, so a destination of more
+/// than `split` records gets gather_run_sum's value and one of at most `split` records is its
+/// one partial, as in the engine. Records with weight 0 count (the engine keeps them).
+///
+/// `split`: 0 (no partials) or a power of 2 (kGatherPartial). Use: next_plane(), then add() every record of the plane in canonical order, then
+/// finish(at) (at(d) returns the accumulator of destination d). Destinations are indices in
+/// [0, positions); the counts live in one array per thread, stamped with a plane generation so
+/// that a new plane costs no clearing. Not thread-safe: one per thread.
+template <class A>
+class PlaneScatter {
+ public:
+  PlaneScatter(std::int64_t positions, std::int64_t split)
+      : split_(split > 0 ? static_cast<std::uint32_t>(split) : 0) {
+    if (split_ & (split_ - 1)) throw std::logic_error("PlaneScatter: split must be a power of 2");
+    if (split_ > 0) {
+      state_.assign(static_cast<std::size_t>(positions), 0);
+      total_.resize(static_cast<std::size_t>(positions));
+    }
+  }
+
+  /// Starts a plane: every destination has seen no record. `counted`: the caller knows that no
+  /// destination of this plane receives more than `split` records (so add() need not count).
+  void next_plane(bool counted = false) {
+    folded_.clear();
+    counting_ = split_ > 0 && !counted;
+    if (!counting_) return;
+    if (++generation_ == 0) {  // wrapped: forget every stamp
+      std::fill(state_.begin(), state_.end(), std::uint64_t{0});
+      generation_ = 1;
+    }
+  }
+
+  /// Adds one record's contribution (to_acc(upstream) * weight, as the engine forms it) to
+  /// destination d, whose accumulator is `acc`.
+  void add(std::int64_t d, A& acc, A contribution) {
+    if (counting_) {
+      std::uint64_t& v = state_[static_cast<std::size_t>(d)];
+      const std::uint32_t seen = (v >> 32) == generation_ ? static_cast<std::uint32_t>(v) : 0u;
+      if (seen != 0 && (seen & (split_ - 1)) == 0) fold(d, acc, seen);
+      v = (static_cast<std::uint64_t>(generation_) << 32) | (seen + 1);
+    }
+    acc = acc + contribution;
+  }
+
+  /// Ends the plane: each destination with more than `split` records becomes total + last partial.
+  template <class At>
+  void finish(At&& at) {
+    for (const std::int64_t d : folded_) {
+      A& acc = at(d);
+      acc = total_[static_cast<std::size_t>(d)] + acc;
+    }
+    folded_.clear();
+  }
+
+ private:
+  void fold(std::int64_t d, A& acc, std::uint32_t seen) {
+    A& total = total_[static_cast<std::size_t>(d)];
+    if (seen == split_) {  // the first partial closes: the total starts from zero
+      total = A(0);
+      folded_.push_back(d);
+    }
+    total = total + acc;
+    acc = A(0);
+  }
+
+  std::uint32_t split_;
+  bool counting_ = false;
+  std::uint32_t generation_ = 0;
+  std::vector<std::uint64_t> state_;  // (generation << 32) | records seen, per destination
+  std::vector<A> total_;
+  std::vector<std::int64_t> folded_;
+};
 
 }  // namespace internal
 }  // namespace detops

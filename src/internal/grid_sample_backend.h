@@ -10,6 +10,7 @@
 #include "detops/detail/grid_sample_kernels.h"
 #include "detops/grid_sample.h"
 #include "internal/common.h"
+#include "internal/gather_backward_cpu.h"
 
 namespace detops {
 namespace internal {
@@ -74,6 +75,12 @@ struct GridSampleBackend {
 };
 extern const GridSampleBackend kGridSampleCpu;
 extern const GridSampleBackend kGridSampleCuda;
+
+/// The CPU backend's exact mode on a given path (internal/gather_backward_cpu.h's CpuExactPath;
+/// the backend's own choice goes by layout), for the test that holds the two paths to the same
+/// bits: the workspace bytes of that path, and the backward (grad_input and grad_grid).
+std::size_t grid_sample_cpu_exact_workspace(const GridSampleCall& call, CpuExactPath path);
+void grid_sample_cpu_exact_backward(const GridSampleCall& call, CpuExactPath path, const Context& ctx, Workspace ws);
 
 }  // namespace internal
 }  // namespace detops

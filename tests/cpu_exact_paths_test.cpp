@@ -1,0 +1,133 @@
+// The CPU backends' two exact-mode paths against each other, bit for bit (issue 29): the gather
+// engine (records, a stable sort, fixed-order sums) and the sequential scatter in canonical order
+// with the engine's partials (internal::PlaneScatter). Random problems of every dtype and layout,
+// one and several threads, including crowded ones whose destinations receive more than
+// kGatherPartial records (so the partials, and their folding, are what is compared). Each path
+// writes into grad_input filled with a poison pattern first, so a destination either path skips
+// shows too.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "emulated_device.h"
+#include "grid_sample_test_util.h"
+#include "internal/gather_backward_cpu.h"
+#include "internal/grid_sample_backend.h"
+
+namespace detops {
+namespace {
+
+using internal::CpuExactPath;
+
+// ---- PlaneScatter on its own: the engine's run sum for one destination -----------------------
+
+/// The engine's value for records in order (gather_run_sum over one run), in float.
+float engine_sum(const std::vector<float>& values, std::int64_t split) {
+  std::vector<std::uint64_t> keys(1, 0);
+  std::vector<std::int64_t> offsets(1, 0), lengths(1, static_cast<std::int64_t>(values.size()));
+  std::vector<float> weights(values.size(), 1.0f);
+  std::vector<std::int64_t> sources(values.size());
+  for (std::size_t i = 0; i < sources.size(); ++i) sources[i] = static_cast<std::int64_t>(i);
+  const detail::GatherSorted<float> g{keys.data(), offsets.data(), lengths.data(), weights.data(), sources.data()};
+  return detail::gather_run_sum(g, 0, values.data(), 0, 0, split);
+}
+
+TEST(PlaneScatter, EveryRunLengthGivesTheEnginesSum) {
+  // Values of mixed magnitudes, so that the grouping into partials changes the rounding.
+  std::vector<float> all;
+  for (int i = 0; i < 1100; ++i) all.push_back((i % 3 == 0 ? 1e7f : 1.0f) * (i % 2 ? 1.0f : -0.75f) + 0.1f * i);
+  for (std::int64_t split : {std::int64_t{0}, std::int64_t{4}, detail::kGatherPartial}) {
+    for (std::size_t len : {0u, 1u, 3u, 4u, 5u, 8u, 255u, 256u, 257u, 512u, 513u, 1100u}) {
+      const std::vector<float> values(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(len));
+      internal::PlaneScatter<float> scatter(3, split);
+      float acc[3] = {0.0f, 0.0f, 0.0f};
+      for (int plane = 0; plane < 2; ++plane) {  // a second plane starts from nothing again
+        acc[1] = 0.0f;
+        scatter.next_plane();
+        for (float v : values) scatter.add(1, acc[1], v * 1.0f);
+        scatter.finish([&](std::int64_t d) -> float& { return acc[d]; });
+        const float want = len == 0 ? 0.0f : engine_sum(values, split);
+        EXPECT_EQ(std::memcmp(&acc[1], &want, sizeof(float)), 0)
+            << "split " << split << " length " << len << " plane " << plane << ": " << acc[1] << " vs " << want;
+      }
+    }
+  }
+}
+
+TEST(PlaneScatter, ANegativeZeroPartialIsKept) {
+  // One partial of -0: the engine returns it as is; a total started from +0 would not.
+  internal::PlaneScatter<float> scatter(1, 4);
+  float acc = 0.0f;
+  scatter.next_plane();
+  scatter.add(0, acc, -0.0f);
+  scatter.finish([&](std::int64_t) -> float& { return acc; });
+  const float want = engine_sum({-0.0f}, 4);
+  EXPECT_EQ(std::memcmp(&acc, &want, sizeof(float)), 0);
+}
+
+// ---- grid_sample --------------------------------------------------------------------------
+
+struct GridCase {
+  const char* name;
+  std::int64_t N, C, H, W, Ho, Wo;
+  double range;  // grid values in [-range, range]
+};
+
+// (The backend itself takes the scatter only below 16 channels; both paths run every case here.)
+// "crowded": 4800 points onto 30 pixels (about 300 records per destination, past the partial
+// length); "points": point_sample's shape (one channel, many images); "sparse": fewer points
+// than pixels; "wide": channels across several groups of the NCHW walk.
+const GridCase kGridCases[] = {
+    {"crowded", 2, 3, 6, 5, 40, 60, 1.2},
+    {"points", 9, 1, 13, 11, 57, 1, 1.1},
+    {"sparse", 2, 4, 23, 19, 5, 7, 1.5},
+    {"wide", 1, 37, 9, 8, 12, 10, 1.0},
+};
+
+Tensor run_grid_path(const test::GridSampleTensors& t, const test::GridSampleProblem& p, Layout layout,
+                     CpuExactPath path, int threads) {
+  const DType dt = t.input.view().dtype;
+  Tensor gi = Tensor::empty({p.N, p.C, p.H, p.W}, dt, Device::cpu(), layout);
+  gi.fill_bytes(0xCD);
+  internal::GridSampleCall call{};
+  call.op = "paths";
+  call.input = t.input.view();
+  call.grid = t.grid.view();
+  call.grad_output = t.grad_output.view();
+  call.grad_input = gi.view();
+  call.shape = {p.N, p.C, p.H, p.W, p.Ho, p.Wo, p.opt.interpolation == GridSampleInterpolation::kNearest,
+                static_cast<int>(p.opt.padding), p.opt.align_corners};
+  test::PoisonedWorkspace ws(internal::grid_sample_cpu_exact_workspace(call, path));
+  Context ctx;
+  ctx.num_threads = threads;
+  internal::grid_sample_cpu_exact_backward(call, path, ctx, ws.ws);
+  return gi;
+}
+
+TEST(CpuExactPaths, GridSampleEngineAndScatterGiveTheSameBits) {
+  int compared = 0;
+  for (const GridCase& g : kGridCases) {
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      for (const GridSampleOptions& o : test::all_grid_options()) {
+        const test::GridSampleProblem p = test::make_grid_problem(g.N, g.C, g.H, g.W, g.Ho, g.Wo, o, 900, g.range);
+        for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+          const test::GridSampleTensors t = test::grid_tensors(p, dt, dt, layout);
+          const Tensor engine = run_grid_path(t, p, layout, CpuExactPath::kEngine, 1);
+          for (int threads : {1, 3}) {
+            const Tensor scatter = run_grid_path(t, p, layout, CpuExactPath::kScatter, threads);
+            EXPECT_TRUE(test::same_bytes(scatter, engine))
+                << g.name << " " << dtype_name(dt) << " " << to_string(o.padding) << " " << to_string(o.interpolation)
+                << (o.align_corners ? " align_corners" : "") << (layout == Layout::kNHWC ? " nhwc" : " nchw")
+                << " threads " << threads;
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
+}  // namespace
+}  // namespace detops
