@@ -1,4 +1,5 @@
-// The CPU backends' two exact-mode paths against each other, bit for bit (issue 29): the gather
+// The CPU backends' two exact-mode paths against each other, bit for bit (issue 29; grid_sample
+// and multi-scale deformable attention): the gather
 // engine (records, a stable sort, fixed-order sums) and the sequential scatter in canonical order
 // with the engine's partials (internal::PlaneScatter). Random problems of every dtype and layout,
 // one and several threads, including crowded ones whose destinations receive more than
@@ -8,12 +9,17 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "emulated_device.h"
 #include "grid_sample_test_util.h"
 #include "internal/gather_backward_cpu.h"
 #include "internal/grid_sample_backend.h"
+#include "internal/ms_deform_attn_backend.h"
+#include "ms_deform_attn_call.h"
+#include "ms_deform_attn_test_util.h"
 
 namespace detops {
 namespace {
@@ -46,7 +52,7 @@ TEST(PlaneScatter, EveryRunLengthGivesTheEnginesSum) {
         acc[1] = 0.0f;
         scatter.next_plane();
         for (float v : values) scatter.add(1, acc[1], v * 1.0f);
-        scatter.finish([&](std::int64_t d) -> float& { return acc[d]; });
+        scatter.finish([&](std::int64_t d) { return &acc[d]; });
         const float want = len == 0 ? 0.0f : engine_sum(values, split);
         EXPECT_EQ(std::memcmp(&acc[1], &want, sizeof(float)), 0)
             << "split " << split << " length " << len << " plane " << plane << ": " << acc[1] << " vs " << want;
@@ -61,7 +67,7 @@ TEST(PlaneScatter, ANegativeZeroPartialIsKept) {
   float acc = 0.0f;
   scatter.next_plane();
   scatter.add(0, acc, -0.0f);
-  scatter.finish([&](std::int64_t) -> float& { return acc; });
+  scatter.finish([&](std::int64_t) { return &acc; });
   const float want = engine_sum({-0.0f}, 4);
   EXPECT_EQ(std::memcmp(&acc, &want, sizeof(float)), 0);
 }
@@ -122,6 +128,69 @@ TEST(CpuExactPaths, GridSampleEngineAndScatterGiveTheSameBits) {
                 << " threads " << threads;
             ++compared;
           }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// ---- multi-scale deformable attention ------------------------------------------------------
+
+struct MsdaCase {
+  const char* name;
+  std::int64_t B, M, D, Q, P;
+  std::vector<std::int64_t> shapes;  // (H, W) per level
+};
+
+// "hot": a 1x1 level every sample reaches (runs of several hundred records: the partials fold);
+// "one plane" and "many planes": the plane counts on either side of the backend's choice.
+const MsdaCase kMsdaCases[] = {
+    {"hot", 2, 2, 5, 80, 4, {3, 5, 4, 4, 1, 1}},
+    {"one plane", 1, 1, 8, 30, 3, {6, 7, 3, 4}},
+    {"many planes", 2, 4, 3, 9, 2, {5, 5, 2, 3}},
+};
+
+using MsdaProblem = ::detops::ref::MsdaProblemRef;
+
+test::MsdaGrads run_msda_path(const test::MsdaTensors& t, const MsdaProblem& pr, const test::MsdaBuf& go, bool strided,
+                              CpuExactPath path, int threads) {
+  test::MsdaGrads g;
+  g.value = test::msda_buf({t.B, t.S, t.M, t.D}, t.value.view.dtype, strided);
+  g.loc = test::msda_buf({t.B, t.Q, t.M, t.L, t.P, 2}, t.loc.view.dtype, strided);
+  g.attn = test::msda_buf({t.B, t.Q, t.M, t.L, t.P}, t.value.view.dtype, strided);
+  for (const test::MsdaBuf* b : {&g.value, &g.loc, &g.attn})
+    std::memset(b->view.data, 0xCD, static_cast<std::size_t>(b->view.span_bytes()));
+  internal::MsdaCall call = test::msda_call(t, pr, "paths");
+  call.grad_output = go.view;
+  call.grad_value = g.value.view;
+  call.grad_sampling_locations = g.loc.view;
+  call.grad_attention_weights = g.attn.view;
+  test::PoisonedWorkspace ws(internal::ms_deform_attn_cpu_exact_workspace(call, path));
+  Context ctx;
+  ctx.num_threads = threads;
+  internal::ms_deform_attn_cpu_exact_backward(call, path, ctx, ws.ws);
+  return g;
+}
+
+TEST(CpuExactPaths, MsDeformAttnEngineAndScatterGiveTheSameBits) {
+  int compared = 0;
+  for (const MsdaCase& m : kMsdaCases) {
+    const MsdaProblem pr = test::msda_random_problem(m.B, m.M, m.D, m.Q, m.P, m.shapes, 77);
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      for (bool strided : {false, true}) {
+        const test::MsdaTensors t(pr, dt, dt == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32, strided);
+        const auto n = static_cast<std::size_t>(t.B * t.Q * t.M * t.D);
+        const test::MsdaBuf go = test::msda_filled({t.B, t.Q, t.M * t.D}, dt, test::random_values(n, 5), strided);
+        const test::MsdaGrads engine = run_msda_path(t, pr, go, strided, CpuExactPath::kEngine, 1);
+        for (int threads : {1, 3}) {
+          const test::MsdaGrads scatter = run_msda_path(t, pr, go, strided, CpuExactPath::kScatter, threads);
+          const std::string what = std::string(m.name) + " " + std::string(dtype_name(dt)) +
+                                   (strided ? " strided" : "") + " threads " + std::to_string(threads);
+          EXPECT_TRUE(test::msda_same(scatter.value, engine.value)) << what << " grad_value";
+          EXPECT_TRUE(test::msda_same(scatter.loc, engine.loc)) << what << " grad_sampling_locations";
+          EXPECT_TRUE(test::msda_same(scatter.attn, engine.attn)) << what << " grad_attention_weights";
+          ++compared;
         }
       }
     }

@@ -17,6 +17,7 @@
 #include "emulated_device.h"
 #include "internal/ms_deform_attn_backend.h"
 #include "internal/ms_deform_attn_device.h"
+#include "ms_deform_attn_call.h"
 #include "ms_deform_attn_test_util.h"
 
 namespace detops {
@@ -24,16 +25,7 @@ namespace {
 
 /// The validated call the backends would get for these tensors.
 internal::MsdaCall make_call(const test::MsdaTensors& t, const ref::MsdaProblemRef& pr) {
-  internal::MsdaCall c{};
-  c.op = "emulated";
-  c.value = t.value.view;
-  c.spatial_shapes = t.shapes.view;
-  c.level_start_index = t.starts.view;
-  c.sampling_locations = t.loc.view;
-  c.attention_weights = t.attn.view;
-  c.shape = {t.B, t.S, t.M, t.D, t.Q, t.L, t.P};
-  for (std::int64_t l = 0; l < t.L; ++l) c.levels.push_back({pr.shapes[2 * l], pr.shapes[2 * l + 1], pr.start(l)});
-  return c;
+  return test::msda_call(t, pr, "emulated");
 }
 
 /// Fills a buffer's bytes with a pattern (the backward must overwrite every element).

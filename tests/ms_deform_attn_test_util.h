@@ -62,10 +62,10 @@ inline MsdaBuf msda_filled(const std::vector<std::int64_t>& sizes, DType dt, con
 
 /// A random problem: levels as given, locations in [-0.15, 1.15] (some samples outside), values
 /// and weights in [-1, 1].
-inline ref::MsdaProblemRef msda_random_problem(std::int64_t B, std::int64_t M, std::int64_t D, std::int64_t Q,
+inline ::detops::ref::MsdaProblemRef msda_random_problem(std::int64_t B, std::int64_t M, std::int64_t D, std::int64_t Q,
                                                std::int64_t P, const std::vector<std::int64_t>& shapes,
                                                std::uint64_t seed) {
-  ref::MsdaProblemRef pr;
+  ::detops::ref::MsdaProblemRef pr;
   pr.B = B;
   pr.M = M;
   pr.D = D;
@@ -85,7 +85,7 @@ struct MsdaTensors {
   MsdaBuf value, shapes, starts, loc, attn;
   std::int64_t B, S, M, D, Q, L, P;
 
-  MsdaTensors(const ref::MsdaProblemRef& pr, DType dt, DType loc_dt, bool strided)
+  MsdaTensors(const ::detops::ref::MsdaProblemRef& pr, DType dt, DType loc_dt, bool strided)
       : B(pr.B), S(pr.S), M(pr.M), D(pr.D), Q(pr.Q), L(pr.L), P(pr.P) {
     value = msda_filled({B, S, M, D}, dt, pr.value, strided);
     std::vector<double> sh(pr.shapes.begin(), pr.shapes.end()), st;
@@ -96,8 +96,8 @@ struct MsdaTensors {
     attn = msda_filled({B, Q, M, L, P}, dt, pr.attn, strided);
   }
   /// The problem as the tensors hold it (inputs rounded to their dtypes).
-  ref::MsdaProblemRef rounded(const ref::MsdaProblemRef& pr) const {
-    ref::MsdaProblemRef r = pr;
+  ::detops::ref::MsdaProblemRef rounded(const ::detops::ref::MsdaProblemRef& pr) const {
+    ::detops::ref::MsdaProblemRef r = pr;
     r.value = to_vector(value.view);
     r.loc = to_vector(loc.view);
     r.attn = to_vector(attn.view);

@@ -315,9 +315,9 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
         counted = most <= detail::kGatherPartial;
       };
       T* plane = nullptr;
-      const auto at = [&](std::int64_t d) -> A& {
-        if constexpr (kSameType) return plane[(d / s.W) * a.gi.s2 + (d % s.W) * a.gi.s3];
-        else return sums[static_cast<std::size_t>(d)];
+      const auto at = [&](std::int64_t d) -> A* {
+        if constexpr (kSameType) return plane + (d / s.W) * a.gi.s2 + (d % s.W) * a.gi.s3;
+        else return sums.data() + d;
       };
       const auto finish_plane = [&] {
         if (current < 0) return;

@@ -10,12 +10,15 @@
 //    order (msda_location_grad_element's sums);
 //  - grad_value, atomic: threads own (b, m) planes and add in (q, l, p, corner) order, rounding to
 //    grad_value's dtype after each add as atomicAdd does;
-//  - grad_value, exact: the gather-backward engine (src/internal/gather_backward_cpu.h) over
-//    chunks of planes; phase 1 (msda_sample_records, as msda_exact_records_element) runs in the
-//    same pass over the samples as the location gradients.
+//  - grad_value, exact: with planes enough for the threads, the atomic mode's per-plane walk
+//    with the engine's partials (PlaneScatter: no records, no sort); otherwise the gather-backward
+//    engine (src/internal/gather_backward_cpu.h) over chunks of planes, whose phase 1
+//    (msda_sample_records, as msda_exact_records_element) runs in the same pass over the samples
+//    as the location gradients. Both give the engine's bits (exact_path).
 // Each unit's samples are computed one unit ahead and their corner rows prefetched (UnitSamples).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -320,13 +323,69 @@ void exact_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T, Loc>& a
   }
 }
 
-std::size_t backward_workspace(const MsdaCall& call, BackwardMode mode) {
-  if (mode != BackwardMode::kExact) return 0;
-  return call.value.dtype == DType::kFloat64 ? exact_layout<double>(call.shape).bytes()
-                                              : exact_layout<float>(call.shape).bytes();
+/// Exact mode without the engine: threads own (b, m) planes, as in the atomic mode, and walk each
+/// plane's units in (q, l, p, corner) order, which is the engine's canonical order for every row
+/// of grad_value (msda_sample_records numbers the records so, and the engine sorts them stably by
+/// row), adding the D channels of a record into its row with the engine's partials
+/// (PlaneScatter, one row of D per destination), so every element gets the engine's bits. The
+/// location gradients come from the same pass over the samples. 16-bit types add in a float
+/// plane of their own, rounded once into grad_value at the plane's end.
+template <class T, class Loc>
+void exact_scatter_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T, Loc>& a, int threads) {
+  using A = acc_t<T>;
+  constexpr bool kSameType = std::is_same_v<T, A>;
+  const MsdaShape& sh = call.shape;
+  const std::int64_t D = sh.D, gd = kSameType ? a.gvs[3] : 1;
+  parallel_for(sh.B * sh.M, 1, threads, [&](std::int64_t p0, std::int64_t p1) {
+    std::vector<A> g(static_cast<std::size_t>(D));
+    PlaneScatter<A> scatter(sh.S, detail::kGatherPartial, D);
+    std::vector<A> sums(kSameType ? 0 : static_cast<std::size_t>(sh.S * D));  // 16-bit: the plane's sums
+    for (std::int64_t plane = p0; plane < p1; ++plane) {
+      T* head = a.grad_value + (plane / sh.M) * a.gvs[0] + (plane % sh.M) * a.gvs[2];
+      const auto row_of = [&](std::int64_t r) -> A* {
+        if constexpr (kSameType) return head + r * a.gvs[1];
+        else return sums.data() + r * D;
+      };
+      scatter.next_plane();
+      if constexpr (!kSameType) std::fill(sums.begin(), sums.end(), A(0));
+      location_grads(call, a, plane * sh.Q, (plane + 1) * sh.Q, 1, [&](const UnitSamples<A>& unit) {
+        const T* go = a.grad_out + unit.b * a.gos[0] + unit.q * a.gos[1] + unit.m * D * a.gos[2];
+        for (std::int64_t d = 0; d < D; ++d) g[static_cast<std::size_t>(d)] = to_acc(go[d * a.gos[2]]);
+        for (std::int64_t k = 0; k < sh.L * sh.P; ++k) {
+          const MsdaSample<A>& s = unit.samples[static_cast<std::size_t>(k)];
+          if (!s.valid) continue;
+          for (int c = 0; c < kMsdaCorners; ++c) {
+            if (!s.inside[c]) continue;
+            const A w = detail::msda_corner_weight(s, c, unit.attn[static_cast<std::size_t>(k)]);
+            A* row = row_of(s.row[c]);
+            if (scatter.count(s.row[c])) scatter.fold(s.row[c], row, gd);
+            for (std::int64_t d = 0; d < D; ++d) row[d * gd] = row[d * gd] + g[static_cast<std::size_t>(d)] * w;
+          }
+        }
+      });
+      scatter.finish(row_of, gd);
+      if constexpr (!kSameType) {
+        for (std::int64_t r = 0; r < sh.S; ++r)
+          for (std::int64_t d = 0; d < D; ++d)
+            head[r * a.gvs[1] + d * a.gvs[3]] = from_acc<T>(sums[static_cast<std::size_t>(r * D + d)]);
+      }
+    }
+  });
 }
 
-void backward(const MsdaCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
+/// Which exact path the CPU backend runs (either gives the same bits): the scatter when there are
+/// planes enough for the threads to own (heads times batch; DINO's encoder: 8), the engine
+/// otherwise (its phases use every thread whatever the planes).
+CpuExactPath exact_path(const MsdaCall& call) {
+  return call.shape.B * call.shape.M >= 4 ? CpuExactPath::kScatter : CpuExactPath::kEngine;
+}
+
+std::size_t backward_workspace(const MsdaCall& call, BackwardMode mode) {
+  if (mode != BackwardMode::kExact) return 0;
+  return ms_deform_attn_cpu_exact_workspace(call, exact_path(call));
+}
+
+void backward_on_path(const MsdaCall& call, BackwardMode mode, CpuExactPath path, const Context& ctx, Workspace ws) {
   const int threads = ctx.resolved_threads();
   dispatch_msda(call.value.dtype, call.sampling_locations.dtype, [&](auto t, auto loc) {
     using T = decltype(t);
@@ -335,12 +394,14 @@ void backward(const MsdaCall& call, BackwardMode mode, const Context& ctx, Works
     const MsdaShape& sh = call.shape;
     const bool value_grad = a.grad_value && call.grad_value.numel() > 0;
     const bool exact = value_grad && mode == BackwardMode::kExact && msda_has_samples(sh);
-    // the exact mode computes the location gradients with its records (exact_value)
+    // the exact mode computes the location gradients in its own pass over the samples
     if (!exact && (a.grad_loc || a.grad_attn))
       location_grads(call, a, 0, sh.B * sh.M * sh.Q, threads, [](const UnitSamples<acc_t<T>>&) {});
     if (!value_grad) return;
     zero_value<T>(call, threads);
-    if (exact) {
+    if (exact && path == CpuExactPath::kScatter) {
+      exact_scatter_value(call, a, threads);
+    } else if (exact) {
       exact_value(call, a, threads, ws);
     } else if (mode == BackwardMode::kAtomic) {
       scatter_value(call, a, threads);
@@ -348,7 +409,21 @@ void backward(const MsdaCall& call, BackwardMode mode, const Context& ctx, Works
   });
 }
 
+void backward(const MsdaCall& call, BackwardMode mode, const Context& ctx, Workspace ws) {
+  backward_on_path(call, mode, exact_path(call), ctx, ws);
+}
+
 }  // namespace
+
+std::size_t ms_deform_attn_cpu_exact_workspace(const MsdaCall& call, CpuExactPath path) {
+  if (path == CpuExactPath::kScatter) return 0;
+  return call.value.dtype == DType::kFloat64 ? exact_layout<double>(call.shape).bytes()
+                                              : exact_layout<float>(call.shape).bytes();
+}
+
+void ms_deform_attn_cpu_exact_backward(const MsdaCall& call, CpuExactPath path, const Context& ctx, Workspace ws) {
+  backward_on_path(call, BackwardMode::kExact, path, ctx, ws);
+}
 
 extern const MsdaBackend kMsDeformAttnCpu = {read_levels, forward, backward_workspace, backward};
 

@@ -204,24 +204,26 @@ enum class CpuExactPath { kEngine, kScatter };
 /// than `split` records gets gather_run_sum's value and one of at most `split` records is its
 /// one partial, as in the engine. Records with weight 0 count (the engine keeps them).
 ///
-/// `split`: 0 (no partials) or a power of 2 (kGatherPartial). Use: next_plane(), then add() every record of the plane in canonical order, then
-/// finish(at) (at(d) returns the accumulator of destination d). Destinations are indices in
-/// [0, positions); the counts live in one array per thread, stamped with a plane generation so
-/// that a new plane costs no clearing. Not thread-safe: one per thread.
+/// A destination is `width` channels (a row; 1 for one value), accumulated at acc[i * stride].
+/// `split`: 0 (no partials) or a power of 2 (kGatherPartial). Use: next_plane(), then for every
+/// record of the plane in canonical order add() (one channel) or count() / fold() and the row's
+/// adds, then finish(at, stride) (at(d): destination d's accumulator). Destinations are indices
+/// in [0, positions); the counts live in one array per thread, stamped with a plane generation
+/// so that a new plane costs no clearing. Not thread-safe: one per thread.
 template <class A>
 class PlaneScatter {
  public:
-  PlaneScatter(std::int64_t positions, std::int64_t split)
-      : split_(split > 0 ? static_cast<std::uint32_t>(split) : 0) {
+  PlaneScatter(std::int64_t positions, std::int64_t split, std::int64_t width = 1)
+      : split_(split > 0 ? static_cast<std::uint32_t>(split) : 0), width_(width) {
     if (split_ & (split_ - 1)) throw std::logic_error("PlaneScatter: split must be a power of 2");
     if (split_ > 0) {
       state_.assign(static_cast<std::size_t>(positions), 0);
-      total_.resize(static_cast<std::size_t>(positions));
+      total_.resize(static_cast<std::size_t>(positions * width));
     }
   }
 
   /// Starts a plane: every destination has seen no record. `counted`: the caller knows that no
-  /// destination of this plane receives more than `split` records (so add() need not count).
+  /// destination of this plane receives more than `split` records (so nothing need be counted).
   void next_plane(bool counted = false) {
     folded_.clear();
     counting_ = split_ > 0 && !counted;
@@ -232,44 +234,55 @@ class PlaneScatter {
     }
   }
 
-  /// Adds one record's contribution (to_acc(upstream) * weight, as the engine forms it) to
-  /// destination d, whose accumulator is `acc`.
-  void add(std::int64_t d, A& acc, A contribution) {
-    if (counting_) {
-      std::uint64_t& v = state_[static_cast<std::size_t>(d)];
-      const std::uint32_t seen = (v >> 32) == generation_ ? static_cast<std::uint32_t>(v) : 0u;
-      if (seen != 0 && (seen & (split_ - 1)) == 0) fold(d, acc, seen);
-      v = (static_cast<std::uint64_t>(generation_) << 32) | (seen + 1);
+  /// Counts one record of destination d; true when its partial so far must be folded first.
+  bool count(std::int64_t d) {
+    if (!counting_) return false;
+    std::uint64_t& v = state_[static_cast<std::size_t>(d)];
+    const std::uint32_t seen = (v >> 32) == generation_ ? static_cast<std::uint32_t>(v) : 0u;
+    v = (static_cast<std::uint64_t>(generation_) << 32) | (seen + 1);
+    return seen != 0 && (seen & (split_ - 1)) == 0;
+  }
+
+  /// Folds destination d's partial (its width channels at acc[i * stride]) into its total.
+  void fold(std::int64_t d, A* acc, std::int64_t stride) {
+    A* total = total_.data() + d * width_;
+    if (static_cast<std::uint32_t>(state_[static_cast<std::size_t>(d)]) == split_ + 1) {
+      // the first partial closes (count() has just counted record split + 1): the total starts from zero
+      for (std::int64_t i = 0; i < width_; ++i) total[i] = A(0);
+      folded_.push_back(d);
     }
+    for (std::int64_t i = 0; i < width_; ++i) {
+      total[i] = total[i] + acc[i * stride];
+      acc[i * stride] = A(0);
+    }
+  }
+
+  /// One channel: adds a record's contribution (to_acc(upstream) * weight, as the engine forms
+  /// it) to destination d, whose accumulator is `acc`.
+  void add(std::int64_t d, A& acc, A contribution) {
+    if (count(d)) fold(d, &acc, 1);
     acc = acc + contribution;
   }
 
-  /// Ends the plane: each destination with more than `split` records becomes total + last partial.
+  /// Ends the plane: each destination with more than `split` records becomes total + last
+  /// partial, channel by channel (at(d) returns its accumulator, channels `stride` apart).
   template <class At>
-  void finish(At&& at) {
+  void finish(At&& at, std::int64_t stride = 1) {
     for (const std::int64_t d : folded_) {
-      A& acc = at(d);
-      acc = total_[static_cast<std::size_t>(d)] + acc;
+      A* acc = at(d);
+      const A* total = total_.data() + d * width_;
+      for (std::int64_t i = 0; i < width_; ++i) acc[i * stride] = total[i] + acc[i * stride];
     }
     folded_.clear();
   }
 
  private:
-  void fold(std::int64_t d, A& acc, std::uint32_t seen) {
-    A& total = total_[static_cast<std::size_t>(d)];
-    if (seen == split_) {  // the first partial closes: the total starts from zero
-      total = A(0);
-      folded_.push_back(d);
-    }
-    total = total + acc;
-    acc = A(0);
-  }
-
   std::uint32_t split_;
+  std::int64_t width_;
   bool counting_ = false;
   std::uint32_t generation_ = 0;
   std::vector<std::uint64_t> state_;  // (generation << 32) | records seen, per destination
-  std::vector<A> total_;
+  std::vector<A> total_;              // width_ per destination
   std::vector<std::int64_t> folded_;
 };
 

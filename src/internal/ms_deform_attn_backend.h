@@ -13,6 +13,7 @@
 #include "detops/detail/ms_deform_attn_kernels.h"
 #include "detops/ms_deform_attn.h"
 #include "internal/common.h"
+#include "internal/gather_backward_cpu.h"
 
 namespace detops {
 namespace internal {
@@ -110,6 +111,12 @@ struct MsdaBackend {
 };
 extern const MsdaBackend kMsDeformAttnCpu;
 extern const MsdaBackend kMsDeformAttnCuda;
+
+/// The CPU backend's exact mode on a given path (CpuExactPath; the backend's own choice goes by
+/// the plane count), for the test that holds the two paths to the same bits: the workspace
+/// bytes of that path, and the backward into the call's gradients. call.levels must be read.
+std::size_t ms_deform_attn_cpu_exact_workspace(const MsdaCall& call, CpuExactPath path);
+void ms_deform_attn_cpu_exact_backward(const MsdaCall& call, CpuExactPath path, const Context& ctx, Workspace ws);
 
 }  // namespace internal
 }  // namespace detops
