@@ -171,7 +171,7 @@ std::size_t grid_sample_backward_workspace_size(const TensorView& grad_output, c
                                                 const TensorView& grid, const TensorView& grad_input,
                                                 const TensorView& grad_grid, const GridSampleOptions& options,
                                                 const GridSampleBackwardOptions& backward, const Context& ctx) {
-  (void)ctx;  // the size depends on the shapes only
+  (void)ctx;  // the size depends on the shapes, dtypes and layouts (the CPU's exact path), not on ctx
   const internal::GridSampleCall call = validate_backward("grid_sample_backward_workspace_size", grad_output, input,
                                                           grid, grad_input, grad_grid, options, backward);
   return internal::workspace_size_with_slack(layout_bytes(call, backward.mode));

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,56 @@ TEST(PlaneScatter, ANegativeZeroPartialIsKept) {
   EXPECT_EQ(std::memcmp(&acc, &want, sizeof(float)), 0);
 }
 
+// ---- run_owned: every thread's state before anything is written -----------------------------
+
+TEST(RunOwned, AnAllocationFailureIsOutOfMemoryWithNothingWritten) {
+  int made = 0;
+  bool prepared = false, ran = false;
+  const auto make = [&] {
+    if (++made == 2) throw std::bad_alloc();
+    return std::vector<int>(4);
+  };
+  try {
+    internal::run_owned("op", 10, 3, 16, make, [&] { prepared = true; },
+                        [&](std::vector<int>&, std::int64_t, std::int64_t) { ran = true; });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("op: the exact mode's scratch (16 bytes per thread, 3 threads)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(prepared);
+  EXPECT_FALSE(ran);
+}
+
+TEST(RunOwned, ThreadsOwnContiguousRangesCoveringEveryItem) {
+  for (int threads : {1, 2, 3, 7, 20}) {
+    std::vector<int> owner(10, -1);
+    internal::run_owned("op", 10, threads, 0, [] { return 0; }, [] {},
+                        [&](int&, std::int64_t lo, std::int64_t hi) {
+                          for (std::int64_t i = lo; i < hi; ++i) owner[static_cast<std::size_t>(i)] += 1;
+                        });
+    for (int o : owner) EXPECT_EQ(o, 0) << threads;  // each item run exactly once
+  }
+}
+
 // ---- grid_sample --------------------------------------------------------------------------
+
+TEST(CpuExactPaths, GridSampleScatterOnlyWithinItsMemoryBound) {
+  // One channel (the scatter's case) on a 1024x1024 map: no workspace (12 bytes per pixel per
+  // thread); on 2048x2048 a thread's scatter state would pass kScatterThreadBytes (16 MiB), so the
+  // engine (and its workspace) instead.
+  for (std::int64_t side : {1024, 2048}) {
+    Tensor in = Tensor::zeros({1, 1, side, side}, DType::kFloat32);
+    Tensor grid = Tensor::zeros({1, 4, 4, 2}, DType::kFloat32);
+    Tensor go = Tensor::zeros({1, 1, 4, 4}, DType::kFloat32);
+    Tensor gi = Tensor::zeros({1, 1, side, side}, DType::kFloat32);
+    const std::size_t bytes = grid_sample_backward_workspace_size(go, in, grid, gi, {}, GridSampleOptions{}, {});
+    if (side == 1024) EXPECT_EQ(bytes, 0u);
+    else EXPECT_GT(bytes, 0u);
+  }
+}
 
 struct GridCase {
   const char* name;

@@ -281,6 +281,25 @@ void exact_backward(const GridSampleCall& call, const Context& ctx, Workspace ws
   }
 }
 
+/// A thread's state in the scatter path, all allocated before grad_input is written.
+template <class A>
+struct ScatterThread {
+  WalkBuffers<A> buffers;
+  PlaneScatter<A> scatter;
+  std::vector<A> sums;                // 16-bit types: the plane's sums
+  std::vector<std::int32_t> counts;   // records per destination of an item's image
+};
+
+/// Bytes of one thread's ScatterThread (the walk's points aside): per pixel a stamped count and a
+/// total, an image count with several channels, and a 16-bit type's float plane.
+template <class T>
+std::size_t scatter_thread_bytes(const GridSampleShape& s) {
+  using A = acc_t<T>;
+  const std::size_t per_pixel = sizeof(std::uint64_t) + sizeof(A) + (s.C > 1 ? sizeof(std::int32_t) : 0) +
+                                (std::is_same_v<T, A> ? 0 : sizeof(A));
+  return static_cast<std::size_t>(s.H * s.W) * per_pixel;
+}
+
 /// Exact mode without the engine: threads own (image, group of channels) items, as in the atomic
 /// mode, and each plane's grid points are walked in grid order, corner by corner. That is the
 /// engine's canonical order for every destination (grid_sample_enumerate_element numbers records
@@ -295,11 +314,20 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
   const GridSampleShape& s = call.shape;
   T* gi = static_cast<T*>(call.grad_input.data);
   const std::int64_t groups = (s.C + kGroup - 1) / kGroup, positions = s.H * s.W;
-  parallel_for(s.N * groups, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
-    WalkBuffers<A> buffers;
-    PlaneScatter<A> scatter(positions, detail::kGatherPartial);
-    std::vector<A> sums(kSameType ? 0 : static_cast<std::size_t>(positions));  // 16-bit: the plane's sums
-    std::vector<std::int32_t> counts;  // records per destination of the item's image
+  const auto make = [&] {
+    ScatterThread<A> t{WalkBuffers<A>{}, PlaneScatter<A>(positions, detail::kGatherPartial), {}, {}};
+    if (s.C > 1) {
+      t.buffers.points.reserve(static_cast<std::size_t>(s.Ho * s.Wo));
+      t.counts.resize(static_cast<std::size_t>(positions));
+    }
+    if (!kSameType) t.sums.resize(static_cast<std::size_t>(positions));
+    return t;
+  };
+  const auto walk = [&](ScatterThread<A>& state, std::int64_t lo, std::int64_t hi) {
+    WalkBuffers<A>& buffers = state.buffers;
+    PlaneScatter<A>& scatter = state.scatter;
+    std::vector<A>& sums = state.sums;
+    std::vector<std::int32_t>& counts = state.counts;
     for (std::int64_t item = lo; item < hi; ++item) {
       const std::int64_t g = item % groups, n = item / groups;
       std::int64_t current = -1;
@@ -307,7 +335,7 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
       const auto count_points = [&](const std::vector<PlacedPoint<A>>& points) {
         // Several channels share the image's records: count them once, and if no destination
         // reaches a second partial, the planes add without counting.
-        counts.assign(static_cast<std::size_t>(positions), 0);
+        std::fill(counts.begin(), counts.end(), 0);
         std::int32_t most = 0;
         for (const PlacedPoint<A>& q : points)
           for (int k = 0; k < q.p.count; ++k)
@@ -348,7 +376,9 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
           count_points);
       finish_plane();
     }
-  });
+  };
+  run_owned(call.op, s.N * groups, ctx.resolved_threads(), scatter_thread_bytes<T>(s), make,
+            [&] { zero_fill<T>(call.grad_input, ctx); }, walk);
 }
 
 /// Which exact path the CPU backend runs (either gives the same bits). The scatter where few
@@ -356,11 +386,14 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
 /// and its records cost more than the sums (Mask2Former's point loss, one channel: the scatter
 /// 2.4x faster, within 1.35x of the atomic mode). The engine with many channels, where its sort
 /// is paid once for all of them and its sums run in parallel over destinations (RT-DETR's
-/// decoder, 256 channels: the engine 1.2-1.5x faster), and where channels-last rows vectorize
-/// its sums.
+/// decoder, 256 channels: the engine 1.2-1.5x faster), where channels-last rows vectorize its
+/// sums, and where a thread's scatter state would pass kScatterThreadBytes (a large map).
 CpuExactPath exact_path(const GridSampleCall& call) {
   const bool rows = channels_innermost(call.grad_input) && channels_innermost(call.grad_output) && call.shape.C > 1;
-  return !rows && call.shape.C < kGroup ? CpuExactPath::kScatter : CpuExactPath::kEngine;
+  const std::size_t bytes =
+      dispatch_floating(call.input.dtype, [&](auto tag) { return scatter_thread_bytes<decltype(tag)>(call.shape); });
+  return !rows && call.shape.C < kGroup && bytes <= kScatterThreadBytes ? CpuExactPath::kScatter
+                                                                          : CpuExactPath::kEngine;
 }
 
 /// Grid points an NCHW grad_grid piece holds (their corners and two sums each).
@@ -474,10 +507,11 @@ void grid_sample_cpu_exact_backward(const GridSampleCall& call, CpuExactPath pat
   dispatch_floating(call.input.dtype, [&](auto tag) {
     using T = decltype(tag);
     if (call.grad_input.defined() && call.grad_input.numel() > 0) {
-      zero_fill<T>(call.grad_input, ctx);
-      if (call.shape.Ho * call.shape.Wo > 0) {
-        if (path == CpuExactPath::kEngine) exact_backward<T>(call, ctx, ws);
-        else exact_scatter_backward<T>(call, ctx);
+      if (path == CpuExactPath::kScatter && call.shape.Ho * call.shape.Wo > 0) {
+        exact_scatter_backward<T>(call, ctx);  // zero-fills once its scratch is allocated
+      } else {
+        zero_fill<T>(call.grad_input, ctx);
+        if (call.shape.Ho * call.shape.Wo > 0) exact_backward<T>(call, ctx, ws);
       }
     }
     if (call.grad_grid.defined() && call.grad_grid.numel() > 0) grad_grid_backward<T>(call, ctx);

@@ -323,6 +323,24 @@ void exact_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T, Loc>& a
   }
 }
 
+/// A thread's state in the scatter path, all allocated before any gradient is written.
+template <class A>
+struct ScatterThread {
+  std::vector<A> g;       // the unit's grad_output row
+  PlaneScatter<A> scatter;
+  std::vector<A> sums;    // 16-bit types: the plane's sums
+};
+
+/// Bytes of one thread's ScatterThread: per value row a stamped count and D totals, and a 16-bit
+/// type's float plane of S x D.
+template <class T>
+std::size_t scatter_thread_bytes(const MsdaShape& sh) {
+  using A = acc_t<T>;
+  const std::size_t per_row = sizeof(std::uint64_t) + static_cast<std::size_t>(sh.D) * sizeof(A) *
+                                                          (std::is_same_v<T, A> ? 1 : 2);
+  return static_cast<std::size_t>(sh.S) * per_row;
+}
+
 /// Exact mode without the engine: threads own (b, m) planes, as in the atomic mode, and walk each
 /// plane's units in (q, l, p, corner) order, which is the engine's canonical order for every row
 /// of grad_value (msda_sample_records numbers the records so, and the engine sorts them stably by
@@ -336,10 +354,15 @@ void exact_scatter_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T,
   constexpr bool kSameType = std::is_same_v<T, A>;
   const MsdaShape& sh = call.shape;
   const std::int64_t D = sh.D, gd = kSameType ? a.gvs[3] : 1;
-  parallel_for(sh.B * sh.M, 1, threads, [&](std::int64_t p0, std::int64_t p1) {
-    std::vector<A> g(static_cast<std::size_t>(D));
-    PlaneScatter<A> scatter(sh.S, detail::kGatherPartial, D);
-    std::vector<A> sums(kSameType ? 0 : static_cast<std::size_t>(sh.S * D));  // 16-bit: the plane's sums
+  const auto make = [&] {
+    return ScatterThread<A>{std::vector<A>(static_cast<std::size_t>(D)),
+                            PlaneScatter<A>(sh.S, detail::kGatherPartial, D),
+                            std::vector<A>(kSameType ? 0 : static_cast<std::size_t>(sh.S * D))};
+  };
+  const auto walk = [&](ScatterThread<A>& state, std::int64_t p0, std::int64_t p1) {
+    std::vector<A>& g = state.g;
+    PlaneScatter<A>& scatter = state.scatter;
+    std::vector<A>& sums = state.sums;
     for (std::int64_t plane = p0; plane < p1; ++plane) {
       T* head = a.grad_value + (plane / sh.M) * a.gvs[0] + (plane % sh.M) * a.gvs[2];
       const auto row_of = [&](std::int64_t r) -> A* {
@@ -370,14 +393,21 @@ void exact_scatter_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T,
             head[r * a.gvs[1] + d * a.gvs[3]] = from_acc<T>(sums[static_cast<std::size_t>(r * D + d)]);
       }
     }
-  });
+  };
+  run_owned(call.op, sh.B * sh.M, threads, scatter_thread_bytes<T>(sh), make, [&] { zero_value<T>(call, threads); },
+            walk);
 }
 
 /// Which exact path the CPU backend runs (either gives the same bits): the scatter when there are
-/// planes enough for the threads to own (heads times batch; DINO's encoder: 8), the engine
-/// otherwise (its phases use every thread whatever the planes).
+/// planes enough for the threads to own (heads times batch; DINO's encoder: 8) and a thread's
+/// scatter state within kScatterThreadBytes, the engine otherwise (its phases use every thread
+/// whatever the planes, and its workspace is bounded by its chunks).
 CpuExactPath exact_path(const MsdaCall& call) {
-  return call.shape.B * call.shape.M >= 4 ? CpuExactPath::kScatter : CpuExactPath::kEngine;
+  const std::size_t bytes = call.value.dtype == DType::kFloat64 ? scatter_thread_bytes<double>(call.shape)
+                            : call.value.dtype == DType::kFloat32 ? scatter_thread_bytes<float>(call.shape)
+                                                                  : scatter_thread_bytes<Half>(call.shape);
+  return call.shape.B * call.shape.M >= 4 && bytes <= kScatterThreadBytes ? CpuExactPath::kScatter
+                                                                           : CpuExactPath::kEngine;
 }
 
 std::size_t backward_workspace(const MsdaCall& call, BackwardMode mode) {
@@ -398,10 +428,12 @@ void backward_on_path(const MsdaCall& call, BackwardMode mode, CpuExactPath path
     if (!exact && (a.grad_loc || a.grad_attn))
       location_grads(call, a, 0, sh.B * sh.M * sh.Q, threads, [](const UnitSamples<acc_t<T>>&) {});
     if (!value_grad) return;
-    zero_value<T>(call, threads);
     if (exact && path == CpuExactPath::kScatter) {
-      exact_scatter_value(call, a, threads);
-    } else if (exact) {
+      exact_scatter_value(call, a, threads);  // zero-fills once its scratch is allocated
+      return;
+    }
+    zero_value<T>(call, threads);
+    if (exact) {
       exact_value(call, a, threads, ws);
     } else if (mode == BackwardMode::kAtomic) {
       scatter_value(call, a, threads);

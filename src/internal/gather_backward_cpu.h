@@ -6,7 +6,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <numeric>
 #include <stdexcept>
 #include <vector>
@@ -285,6 +287,35 @@ class PlaneScatter {
   std::vector<A> total_;              // width_ per destination
   std::vector<std::int64_t> folded_;
 };
+
+/// The most per-thread memory a backend's scatter path may take (PlaneScatter's counts and totals,
+/// a 16-bit type's float plane): above it the backend runs the engine, whose workspace is bounded
+/// by its chunks, instead.
+constexpr std::size_t kScatterThreadBytes = std::size_t{16} << 20;
+
+/// Runs a scatter path's items [0, items) on up to `threads` threads, each owning a contiguous
+/// range of items with its own state from make(). Every state is made first, so that an
+/// allocation failure is ErrorCode::kOutOfMemory with nothing written; then prepare() (the
+/// output's zero fill) and body(state, begin, end) per thread. `bytes` (per state) is for the
+/// message. The items' results must not depend on which thread runs them (threads own planes).
+template <class Make, class Prepare, class Body>
+void run_owned(const char* op, std::int64_t items, int threads, std::size_t bytes, Make&& make, Prepare&& prepare,
+               Body&& body) {
+  const std::int64_t parts = std::max<std::int64_t>(1, std::min<std::int64_t>(threads, items));
+  std::vector<decltype(make())> states;
+  try {
+    states.reserve(static_cast<std::size_t>(parts));
+    for (std::int64_t p = 0; p < parts; ++p) states.push_back(make());
+  } catch (const std::bad_alloc&) {
+    fail(ErrorCode::kOutOfMemory, "{}: the exact mode's scratch ({} bytes per thread, {} threads) could not be "
+         "allocated", op, bytes, parts);
+  }
+  prepare();
+  parallel_for(parts, 1, static_cast<int>(parts), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t p = lo; p < hi; ++p)
+      body(states[static_cast<std::size_t>(p)], items * p / parts, items * (p + 1) / parts);
+  });
+}
 
 }  // namespace internal
 }  // namespace detops
