@@ -351,8 +351,9 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
         if (current < 0) return;
         scatter.finish(at);
         if constexpr (!kSameType) {
-          for (std::int64_t d = 0; d < positions; ++d)
-            plane[(d / s.W) * a.gi.s2 + (d % s.W) * a.gi.s3] = from_acc<T>(sums[static_cast<std::size_t>(d)]);
+          const A* sum = sums.data();
+          for (std::int64_t y = 0; y < s.H; ++y)
+            for (std::int64_t x = 0; x < s.W; ++x) plane[y * a.gi.s2 + x * a.gi.s3] = from_acc<T>(*sum++);
         }
       };
       for_each_channel_point(
@@ -368,9 +369,10 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
             const A gv = to_acc(a.grad_output[n * a.go.s0 + c * a.go.s1 + ho * a.go.s2 + wo * a.go.s3]);
             for (int k = 0; k < p.count; ++k) {
               if (!p.valid[k]) continue;
+              const std::int64_t d = p.iy[k] * s.W + p.ix[k];
               A& acc = kSameType ? reinterpret_cast<A&>(plane[p.iy[k] * a.gi.s2 + p.ix[k] * a.gi.s3])
-                                 : sums[static_cast<std::size_t>(p.iy[k] * s.W + p.ix[k])];
-              scatter.add(p.iy[k] * s.W + p.ix[k], acc, gv * p.weight[k]);
+                                 : sums[static_cast<std::size_t>(d)];
+              scatter.add(d, acc, gv * p.weight[k]);
             }
           },
           count_points);

@@ -403,9 +403,8 @@ void exact_scatter_value(const MsdaCall& call, const detail::MsdaBackwardArgs<T,
 /// scatter state within kScatterThreadBytes, the engine otherwise (its phases use every thread
 /// whatever the planes, and its workspace is bounded by its chunks).
 CpuExactPath exact_path(const MsdaCall& call) {
-  const std::size_t bytes = call.value.dtype == DType::kFloat64 ? scatter_thread_bytes<double>(call.shape)
-                            : call.value.dtype == DType::kFloat32 ? scatter_thread_bytes<float>(call.shape)
-                                                                  : scatter_thread_bytes<Half>(call.shape);
+  const std::size_t bytes =
+      dispatch_floating(call.value.dtype, [&](auto tag) { return scatter_thread_bytes<decltype(tag)>(call.shape); });
   return call.shape.B * call.shape.M >= 4 && bytes <= kScatterThreadBytes ? CpuExactPath::kScatter
                                                                            : CpuExactPath::kEngine;
 }
