@@ -42,7 +42,7 @@
 // Outputs are allocated and touched before the timed loop; the backward's y comes from an untimed
 // forward. Inputs are not rotated: res2 exceeds any CPU's last-level cache and an H100/H200's L2
 // even in 16-bit (56 MB); res5 (7-14 MB) may partly stay in a GPU's L2.
-// Selected by scripts/gpu-check.sh (timed CUDA benchmarks):
+// Timed on CUDA by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check bench: ^BM_FrozenBnCopy/cuda/res2/|^BM_FrozenBn(Forward|Backward)/cuda/res2/(f32|f16|bf16)/(nchw|nhwc)/(none|add_relu)/|^BM_FrozenBnUnfused/cuda/res2/f32/nchw/add_relu/
 
 #include <benchmark/benchmark.h>

@@ -32,7 +32,7 @@
 // in CUDA builds); without a device the CUDA benchmarks skip, they never fail. The 16..400 px boxes
 // on P2 are heavier than FPN level assignment would give P2 (boxes under ~112 px): with adaptive
 // sampling the large boxes dominate (a 400 px box has 15x15 samples per 7x7 bin).
-// Selected by scripts/gpu-check.sh (timed CUDA benchmarks):
+// Timed on CUDA by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check bench: ^BM_RoiAlign(Forward|Backward)/cuda/(f32|f16)/(nchw|nhwc)/(box|mask)/sr2/avg|^BM_RoiAlign(Forward|Backward)/cuda/f32/nchw/box/(adaptive/avg|sr2/max)
 
 #include <benchmark/benchmark.h>

@@ -75,7 +75,7 @@
 // allocated and touched before the timed loop; the running statistics are each benchmark's own
 // and keep being updated by the timed forwards, as in training. Inputs are not rotated: res2 and
 // box exceed any CPU's last-level cache; res5 (14 MB) may partly stay in a GPU's L2.
-// Selected by scripts/gpu-check.sh (timed CUDA benchmarks):
+// Timed on CUDA by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check bench: ^BM_SyncBnTrainStep/cuda/|^BM_SyncBn(Forward|Backward|LocalStats|Apply)/cuda/res2/f32/nchw/
 
 #include <benchmark/benchmark.h>

@@ -42,6 +42,9 @@ function(detops_torch_add_tests)
     return()
   endif()
   set(_tests_dir "${PROJECT_SOURCE_DIR}/bindings/torch/tests")
+  # what the label's tests need, like detops_tests_<label> of tests/CMakeLists.txt
+  add_custom_target(detops_tests_torch)
+  add_dependencies(detops_tests_torch detops_torch detops_torch_python)
   if(DETOPS_TORCH_PYTHON_EXECUTABLE)
     execute_process(COMMAND "${DETOPS_TORCH_PYTHON_EXECUTABLE}" -c "import pytest"
                     RESULT_VARIABLE _no_pytest OUTPUT_QUIET ERROR_QUIET)
@@ -85,6 +88,7 @@ function(detops_torch_add_tests)
   set_target_properties(detops_torch_consumer PROPERTIES CXX_STANDARD ${DETOPS_TORCH_CXX_STANDARD}
                         CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
   detops_target_options(detops_torch_consumer)
+  add_dependencies(detops_tests_torch detops_torch_consumer)
   add_test(NAME detops_torch_consumer COMMAND detops_torch_consumer)
   set_tests_properties(detops_torch_consumer PROPERTIES LABELS "torch;consumer" TIMEOUT 300)
 endfunction()

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Fills .deps/ (git-ignored) with the third-party C++ dependencies for scripts/gpu-check.sh, which
+# Fills .deps/ (git-ignored) with the third-party C++ dependencies of the gpu preset (CMakePresets.json:
+# CMAKE_PREFIX_PATH and DETOPS_GTEST_SOURCE_DIR point into .deps/) and so of scripts/gpu-check.sh, which
 # runs on a GPU machine with CUDA, CMake and ninja but no network and maybe no fmt, GoogleTest or
 # Google Benchmark. Everything comes from this machine's Debian packages:
 #   .deps/prefix/include/fmt/              fmt headers, used header-only there (no binary that
 #   .deps/prefix/lib/cmake/fmt/              must match that machine's system libraries)
-#   .deps/src/googletest/                  GoogleTest sources; gpu-check.sh builds and installs
-#                                            them into .deps/prefix there
+#   .deps/src/googletest/                  GoogleTest sources, built within the gpu build where
+#                                            no GoogleTest is installed (tests/CMakeLists.txt)
 #   .deps/prefix/include/benchmark/        Google Benchmark headers and shared library (Debian
 #   .deps/prefix/lib/libbenchmark.so.*       ships neither sources nor a static library)
 #   .deps/prefix/lib/cmake/benchmark/
@@ -13,7 +14,7 @@
 # CMAKE_PREFIX_PATH=<repo>/.deps/prefix wherever the tree lands.
 # Not staged, on purpose: PyTorch and torchvision (too big to carry, and bound to that machine's
 # CUDA; gpu-check.sh uses the ones installed there and skips the comparisons, saying why, where
-# there are none) and NCCL (the nvidia-nccl wheel next to that PyTorch, or NCCL_ROOT).
+# there are none) and NCCL (the nvidia-nccl wheel next to that PyTorch).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -8,7 +8,7 @@
 //   - in place (y == x, grad_x == grad_y) on the device gives the same bytes;
 //   - the fold and FrozenBatchNorm2d on device buffers: the same bits as on the CPU;
 //   - bad input: mixed devices and bad device-resident running_var are errors, outputs untouched.
-// Selected by scripts/gpu-check.sh (compute-sanitizer cases):
+// Selected for compute-sanitizer by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check sanitizer: All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_add_relu:All/FrozenBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_slice_relu:FrozenBnCudaFold.*:FrozenBnCudaBadInput.*:FrozenBnCudaSemantics.EmptyProblemsLaunchNothing
 
 #include <gtest/gtest.h>

@@ -13,7 +13,7 @@
 //     caller workspace on the device, unchecked rois in adaptive exact mode, Context::debug_sync;
 //   - bad rois on device memory: the documented error, outputs untouched;
 //   - all of it on a non-blocking stream of the test's own (Context::cuda_stream): the same bits.
-// Selected by scripts/gpu-check.sh (compute-sanitizer cases):
+// Selected for compute-sanitizer by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check sanitizer: All/RoiAlignCuda.ForwardAndExactBackwardEqualCpuBitwise/float32_nhwc_avg_sr2:All/RoiAlignCuda.TruncatedAndAtomicAgreeWithCpu/float16_nchw_max_adaptive:RoiAlignCudaBadInput.*:RoiAlignCudaSemantics.*:RoiAlignCudaCoverage.StridedGradInput:RoiAlignCudaCoverage.CallerWorkspaceOnTheDevice
 
 #include <gtest/gtest.h>

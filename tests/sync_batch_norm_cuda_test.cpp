@@ -10,7 +10,7 @@
 //   - the one-call path with every rank on a non-blocking stream of its own: the same bytes;
 //   - the one-call path with caller workspaces of the queried sizes: the same bytes, no
 //     allocator call; a workspace one byte short is rejected.
-// Selected by scripts/gpu-check.sh (compute-sanitizer cases):
+// Selected for compute-sanitizer by the gpu preset (cmake/DetopsGpuCheck.cmake):
 // gpu-check sanitizer: All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/float32_nhwc_exact:All/SyncBnCuda.ForwardAndBackwardEqualCpuBitwise/bfloat16_strided_default:All/SyncBnCuda.RecordsEqualCpuBitwise/float64_nchw_exact
 
 #include <gtest/gtest.h>
