@@ -26,10 +26,12 @@ CpuIsa detect_cpu_isa() {
 #if DETOPS_X86_ISA_VARIANTS
   // libgcc / compiler-rt check the OS state too (XCR0: ymm and zmm registers saved)
   __builtin_cpu_init();
+  // (the variants' sets, internal/cpu_isa.h: FMA with both)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return CpuIsa::kBaseline;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx2"))
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
     return CpuIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return CpuIsa::kAvx2;
+  return CpuIsa::kAvx2;
 #endif
   return CpuIsa::kBaseline;
 }

@@ -272,7 +272,9 @@ TEST(DeformConv2d, NanOffsetsPropagateAndInfinitiesSampleNothing) {
       for (std::size_t i = 0; i < out.size(); ++i) {
         const bool at_nan = i % static_cast<std::size_t>(plane) == 0 && i < static_cast<std::size_t>(p.Cout * plane);
         EXPECT_EQ(std::isnan(out[i]), at_nan) << what << " output " << i;
-        if (!at_nan) EXPECT_TRUE(std::isfinite(out[i])) << what << " output " << i;
+        if (!at_nan) {
+          EXPECT_TRUE(std::isfinite(out[i])) << what << " output " << i;
+        }
       }
       for (std::size_t i = 0; i < go.size(); ++i) {
         const bool at_nan = i == 0 || i == static_cast<std::size_t>(plane);  // tap 0's y and x at (0, 0)

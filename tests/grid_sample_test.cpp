@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "detops/detail/gather_backward.h"
@@ -171,6 +173,62 @@ TEST(GridSample, CallerWorkspaceGivesTheSameBits) {
 // reads no pixel but weighs with NaN fractions, so its sample is NaN, and grad_grid NaN along
 // the other axis' derivative. grad_input never gets anything non-finite. The float64 reference
 // states the same; every element is checked against it (NaN where it has NaN).
+// The float32 bilinear forward runs in vector lanes (src/cpu/grid_sample_cpu_kernels.inc, one
+// variant per instruction set): every variant, and every way of walking the grid (rows continuing
+// one another or not, point_sample's [N, P, 1, 2], a strided grid, blocks of 512 points crossed),
+// gives the bits of the scalar path (the NHWC layout's), over every padding and alignment, with
+// coordinates far outside the map, on its edges, and NaN, infinite or huge.
+TEST(GridSample, InstructionSetVariantsGiveTheSameBits) {
+  std::vector<CpuIsa> variants{CpuIsa::kBaseline};
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+    else std::printf("[ note ] this CPU has no %s: that variant is not compared\n", cpu_isa_name(isa));
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const GridSampleOptions& o : test::all_grid_options()) {
+    if (o.interpolation != GridSampleInterpolation::kBilinear) continue;
+    for (const auto& [Ho, Wo] : {std::pair<std::int64_t, std::int64_t>{700, 1}, {23, 37}}) {
+      GridSampleProblem p = test::make_grid_problem(2, 20, 9, 11, Ho, Wo, o, 500, 3.0);
+      const double odd[] = {nan, inf, -inf, 1e30, -1e30, 1e-30, -0.0, 1.0 + 1e-7};
+      for (std::size_t i = 3; i < p.grid.size(); i += 11) p.grid[i] = odd[(i / 11) % 8];
+      auto forward = [&](CpuIsa isa, Layout layout, bool strided_grid) {
+        const test::GridSampleTensors t = test::grid_tensors(p, DType::kFloat32, DType::kFloat32, layout);
+        // a strided grid: the pairs 3 floats apart, the rows one pair further
+        Tensor wide = Tensor::empty({p.N, p.Ho, p.Wo + 1, 3}, DType::kFloat32);
+        wide.fill_bytes(0xFF);
+        const std::vector<std::int64_t> sizes{p.N, p.Ho, p.Wo, 2};
+        const std::vector<std::int64_t> strides{p.Ho * (p.Wo + 1) * 3, (p.Wo + 1) * 3, 3, 1};
+        TensorView grid(wide.data<float>(), DType::kFloat32, Device::cpu(), sizes, strides);
+        const std::vector<double> g = to_vector(t.grid);
+        for (std::int64_t i = 0; i < p.N * p.Ho * p.Wo; ++i) {
+          const std::int64_t n = i / (p.Ho * p.Wo), h = i / p.Wo % p.Ho, w = i % p.Wo;
+          float* q = wide.data<float>() + n * strides[0] + h * strides[1] + w * strides[2];
+          q[0] = static_cast<float>(g[static_cast<std::size_t>(2 * i)]);
+          q[1] = static_cast<float>(g[static_cast<std::size_t>(2 * i + 1)]);
+        }
+        Tensor out = Tensor::empty({p.N, p.C, p.Ho, p.Wo}, DType::kFloat32, Device::cpu(), layout);
+        Context ctx;
+        ctx.num_threads = 2;
+        ctx.cpu_isa = isa;
+        grid_sample_forward(t.input, strided_grid ? grid : t.grid.view(), out, p.opt, ctx);
+        return to_vector(out);
+      };
+      const std::vector<double> scalar = forward(CpuIsa::kBaseline, Layout::kNHWC, false);
+      std::size_t nans = 0;
+      for (double v : scalar) nans += std::isnan(v) ? 1 : 0;
+      if (o.padding == GridSamplePadding::kZeros) EXPECT_GT(nans, 0u) << "the NaN points sample NaN";
+      for (CpuIsa isa : variants) {
+        for (bool strided : {false, true}) {
+          const std::vector<double> got = forward(isa, Layout::kNCHW, strided);
+          EXPECT_EQ(std::memcmp(got.data(), scalar.data(), got.size() * sizeof(double)), 0)
+              << to_string(o.padding) << " ac" << o.align_corners << " " << Ho << "x" << Wo << " "
+              << cpu_isa_name(isa) << (strided ? " strided grid" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(GridSample, NonFiniteCoordinatesFollowPyTorch) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const GridSampleOptions& o : test::all_grid_options()) {

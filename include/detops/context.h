@@ -31,15 +31,16 @@ struct Workspace {
 
 /// Vector instruction sets the CPU kernels are compiled for (x86-64; other CPUs have only
 /// kBaseline). The kernels that have variants (SyncBatchNorm's loops, RoIAlign's channels-last
-/// loops) are compiled once per set and chosen at run time, and FrozenBatchNorm2d converts
-/// float16 with F16C from kAvx2 on; every variant gives the same bits (IEEE operations in the
-/// same order, never fused into FMAs, the same roundings; the tests compare them bit for bit),
-/// so the choice only changes speed.
+/// loops, grid_sample's float32 bilinear forward) are compiled once per set and chosen at run
+/// time, and FrozenBatchNorm2d converts float16 with F16C from kAvx2 on; every variant gives the
+/// same bits (IEEE operations in the same order, fused into an FMA only where the math calls
+/// fma(), the same roundings; the tests compare them bit for bit), so the choice only changes
+/// speed.
 enum class CpuIsa : int {
   kAuto = 0,      ///< the widest set this CPU and OS support
   kBaseline = 1,  ///< the build's baseline (x86-64: SSE2)
-  kAvx2 = 2,      ///< AVX2
-  kAvx512 = 3,    ///< AVX-512 F/VL/DQ/BW
+  kAvx2 = 2,      ///< AVX2 and FMA
+  kAvx512 = 3,    ///< AVX-512 F/VL/DQ/BW, and FMA
 };
 
 /// "auto", "baseline", "avx2", "avx512".

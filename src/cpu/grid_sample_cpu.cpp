@@ -21,12 +21,17 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/grid_sample_cpu.h"  // also the interface of grid_sample_cpu_kernels.inc
 #include "internal/common.h"
 #include "internal/gather_backward_cpu.h"
 #include "internal/grid_sample_backend.h"
 
 namespace detops {
 namespace internal {
+
+#define DETOPS_CPU_KERNELS_FILE "grid_sample_cpu_kernels.inc"
+#include "cpu/cpu_variants.inc"
+
 namespace {
 
 using detail::GridPoint;
@@ -169,6 +174,19 @@ void forward_typed(const GridSampleCall& call, const Context& ctx) {
     return;
   }
   const std::int64_t groups = (s.C + kGroup - 1) / kGroup;
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes_apply(call)) {  // float32 bilinear: the points in vector lanes (grid_sample_cpu_kernels.inc)
+      const auto forward_lanes = cpu_kernels(ctx).forward_lanes;
+      parallel_for(s.N * groups, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
+        GridLanes lanes;
+        for (std::int64_t item = lo; item < hi; ++item) {
+          const std::int64_t g = item % groups, n = item / groups;
+          forward_lanes(a, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), output, out, lanes);
+        }
+      });
+      return;
+    }
+  }
   parallel_for(s.N * groups, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
     WalkBuffers<A> buffers;
     for (std::int64_t item = lo; item < hi; ++item) {

@@ -14,10 +14,12 @@
 //     with external or COMDAT linkage may use ymm/zmm registers;
 //   * baseline helpers called from a variant are inlined into it (a subset target inlines into a
 //     wider one), so the shared math of detops/detail/ is vectorized there too.
-// The sets exclude FMA and the build has -ffp-contract=off: a variant evaluates the same IEEE
-// operations in the same order as the baseline, so it gives the same bits (only the vector width
-// changes); the tests *.InstructionSetVariantsGiveTheSameBits compare every variant with the
-// baseline bit for bit.
+// The build has -ffp-contract=off, so no a * b + c is fused behind the code's back: a variant
+// evaluates the same IEEE operations in the same order as the baseline, so it gives the same bits
+// (only the vector width changes); the tests *.InstructionSetVariantsGiveTheSameBits compare every
+// variant with the baseline bit for bit. The sets include FMA only for the math's explicit fma_()
+// calls (grid_sample's, which PyTorch's CPU kernel fuses): one correctly rounded operation as
+// libm's fma computes it, but an instruction instead of a call, and one that vectorizes.
 #pragma once
 
 #include "detops/context.h"
@@ -39,9 +41,9 @@
 #define DETOPS_ISA_END DETOPS_ISA_PRAGMA(GCC pop_options)
 #endif
 
-// The instruction sets of the variants (no "fma": see above).
-#define DETOPS_ISA_AVX2_TARGETS "avx2"
-#define DETOPS_ISA_AVX512_TARGETS "avx512f,avx512vl,avx512dq,avx512bw,avx2"
+// The instruction sets of the variants (FMA for explicit fma_() calls only: see above).
+#define DETOPS_ISA_AVX2_TARGETS "avx2,fma"
+#define DETOPS_ISA_AVX512_TARGETS "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma"
 
 namespace detops {
 namespace internal {

@@ -62,16 +62,15 @@ DETOPS_HOST_DEVICE inline GridPoint<acc_t<T>> grid_sample_point(const GridSample
 }
 
 /// The value a point samples from one channel's plane (plane = input + n * s0 + c * s1): corners
-/// outside the map read as 0, then nw * w_nw, plus ne * w_ne, sw * w_sw, se * w_se in that order,
-/// each a fused multiply-add (as PyTorch's CPU kernel computes it); nearest
-/// reads its pixel (or 0); a point that samples nothing gives 0.
+/// outside the map read as 0, then grid_bilinear_sum; nearest reads its pixel (or 0); a point
+/// that samples nothing gives 0.
 template <class T, class A>
 DETOPS_HOST_DEVICE inline A grid_sample_interpolate(const GridPoint<A>& p, const T* plane, const GridSampleStrides& in) {
   if (p.count == 0) return A(0);
   if (p.count == 1) return p.valid[0] ? to_acc(plane[p.iy[0] * in.s2 + p.ix[0] * in.s3]) : A(0);
   A v[4];
   for (int k = 0; k < 4; ++k) v[k] = p.valid[k] ? to_acc(plane[p.iy[k] * in.s2 + p.ix[k] * in.s3]) : A(0);
-  return fma_(v[3], p.weight[3], fma_(v[2], p.weight[2], fma_(v[1], p.weight[1], v[0] * p.weight[0])));
+  return grid_bilinear_sum(v[0], v[1], v[2], v[3], p.weight[0], p.weight[1], p.weight[2], p.weight[3]);
 }
 
 /// Index t of [N, C, Ho, Wo] in thread order: channel-fastest when channels_last (neighbouring

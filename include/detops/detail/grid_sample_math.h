@@ -98,20 +98,21 @@ struct GridCoord {
 /// the borders count as out of bounds). NaN clips to 0, as PyTorch's CPU and CUDA kernels do (so
 /// under border and reflection padding a NaN coordinate samples the edge pixel; infinities clip
 /// to their edge, and reflection makes NaN of them first, so they too sample at 0).
+/// (Selects, not branches: a loop of these vectorizes, the CPU's lanes.)
 template <class A>
 DETOPS_HOST_DEVICE inline GridCoord<A> grid_clip(A v, const GridAxis<A>& a) {
-  if (!(v > A(0))) return {A(0), A(0)};
-  if (v >= a.max_val) return {a.max_val, A(0)};
-  return {v, A(1)};
+  const A above = v > A(0) ? v : A(0);  // NaN and -0 too give +0
+  return {above >= a.max_val ? a.max_val : above, ((v > A(0)) & (v < a.max_val)) ? A(1) : A(0)};
 }
 
 /// Reflects about `low` and `low + twice_span / 2` (PyTorch's vectorized formulation: the
 /// distance from low, its remainder modulo the period by truncated division, then the shorter
 /// way back); the multiplier is -1 when an odd number of reflections flips the direction.
-/// A degenerate axis (align_corners with size 1) maps everything to 0 with derivative 0.
+/// A degenerate axis (align_corners with size 1) maps everything to 0 with derivative 0 (its
+/// period is 0: the arithmetic runs and its result is dropped, a select rather than a branch).
 template <class A>
 DETOPS_HOST_DEVICE inline GridCoord<A> grid_reflect(A v, const GridAxis<A>& a) {
-  if (a.align_corners && a.size <= 1) return {A(0), A(0)};
+  const bool degenerate = a.align_corners & (a.size <= 1);
   const A from_low = v - a.low;
   const bool negative = from_low < A(0);
   const A dist = fabs_(from_low);
@@ -119,7 +120,7 @@ DETOPS_HOST_DEVICE inline GridCoord<A> grid_reflect(A v, const GridAxis<A>& a) {
   const A extra = dist - periods * a.twice_span;
   const A reflected = a.twice_span - extra;
   const bool flip = extra > reflected;
-  return {(flip ? reflected : extra) + a.low, flip != negative ? A(-1) : A(1)};
+  return {degenerate ? A(0) : (flip ? reflected : extra) + a.low, degenerate ? A(0) : (flip != negative ? A(-1) : A(1))};
 }
 
 /// The pixel coordinate of grid value g along axis a after padding, with d(coordinate)/d(g):
@@ -140,10 +141,35 @@ DETOPS_HOST_DEVICE inline GridCoord<A> grid_source_coord(A g, const GridAxis<A>&
 }
 
 /// Index of the first of two neighbouring pixels floor(v), v + 1, as an integer, for a finite v;
-/// -2 when neither lies in [0, size) (so a huge coordinate never converts out of range).
+/// -2 when neither lies in [0, size) (so a huge coordinate never converts out of range). I is
+/// std::int64_t, or std::int32_t where size fits it (the CPU's vector lanes): the same value.
+template <class I = std::int64_t, class A>
+DETOPS_HOST_DEVICE inline I grid_floor_index(A v0, std::int64_t size) {
+  // `&`, not `&&`: no branch between the compares, so that a loop of these vectorizes (the CPU's lanes)
+  return ((v0 >= A(-1)) & (v0 < static_cast<A>(size))) ? static_cast<I>(v0) : I(-2);
+}
+
+/// The index of a bilinear corner's column (step = k & 1) or row (step = k >> 1) from the nw
+/// corner's `first`; -2 (no corner on the map along this axis) stays -2.
+template <class I>
+DETOPS_HOST_DEVICE inline I grid_corner_index(I first, int step) {
+  return first < I(-1) ? first : first + I(step);
+}
+
+/// Whether pixel (ix, iy) lies on a map of H x W (sizes of ix's type or wider).
+template <class I, class S>
+DETOPS_HOST_DEVICE inline bool grid_in_map(I ix, I iy, S H, S W) {
+  return (ix >= 0) & (ix < W) & (iy >= 0) & (iy < H);  // `&`: as grid_floor_index
+}
+
+/// The bilinear weights nw, ne, sw, se of a point at (dx, dy) = (x - floor(x), y - floor(y)).
 template <class A>
-DETOPS_HOST_DEVICE inline std::int64_t grid_floor_index(A v0, std::int64_t size) {
-  return v0 >= A(-1) && v0 < static_cast<A>(size) ? static_cast<std::int64_t>(v0) : std::int64_t{-2};
+DETOPS_HOST_DEVICE inline void grid_bilinear_weights(A dx, A dy, A* w) {
+  const A ex = A(1) - dx, sy = A(1) - dy;  // distances to the east and south neighbours
+  w[0] = sy * ex;                          // nw
+  w[1] = sy * dx;                          // ne
+  w[2] = dy * ex;                          // sw
+  w[3] = dy * dx;                          // se
 }
 
 /// Everything one grid point needs: the up to four corner pixels (nw, ne, sw, se; nearest uses
@@ -179,7 +205,7 @@ DETOPS_HOST_DEVICE inline GridPoint<A> grid_point(const GridCoord<A>& x, const G
     p.count = 1;
     p.ix[0] = grid_floor_index(xr, W);
     p.iy[0] = grid_floor_index(yr, H);
-    p.valid[0] = p.ix[0] >= 0 && p.ix[0] < W && p.iy[0] >= 0 && p.iy[0] < H;
+    p.valid[0] = grid_in_map(p.ix[0], p.iy[0], H, W);
     p.weight[0] = A(1);
     return p;
   }
@@ -188,17 +214,20 @@ DETOPS_HOST_DEVICE inline GridPoint<A> grid_point(const GridCoord<A>& x, const G
   p.count = 4;
   p.dx = x.value - x0;
   p.dy = y.value - y0;
-  const A ex = A(1) - p.dx, sy = A(1) - p.dy;  // distances to the east and south neighbours
-  p.weight[0] = sy * ex;                         // nw
-  p.weight[1] = sy * p.dx;                       // ne
-  p.weight[2] = p.dy * ex;                       // sw
-  p.weight[3] = p.dy * p.dx;                     // se
+  grid_bilinear_weights(p.dx, p.dy, p.weight);
   for (int k = 0; k < 4; ++k) {
-    p.ix[k] = ixw < -1 ? ixw : ixw + (k & 1);
-    p.iy[k] = iyn < -1 ? iyn : iyn + (k >> 1);
-    p.valid[k] = p.ix[k] >= 0 && p.ix[k] < W && p.iy[k] >= 0 && p.iy[k] < H;
+    p.ix[k] = grid_corner_index(ixw, k & 1);
+    p.iy[k] = grid_corner_index(iyn, k >> 1);
+    p.valid[k] = grid_in_map(p.ix[k], p.iy[k], H, W);
   }
   return p;
+}
+
+/// A bilinear sample from its corner values (0 off the map) and weights: nw * w_nw, plus ne * w_ne,
+/// sw * w_sw, se * w_se in that order, each a fused multiply-add (as PyTorch's CPU kernel computes it).
+template <class A>
+DETOPS_HOST_DEVICE inline A grid_bilinear_sum(A v0, A v1, A v2, A v3, A w0, A w1, A w2, A w3) {
+  return fma_(v3, w3, fma_(v2, w2, fma_(v1, w1, v0 * w0)));
 }
 
 /// Grid value `which` (0: x, 1: y) of a grid in any floating dtype, as double (exact).
