@@ -3,7 +3,7 @@
 // per chunk of whole images) are written once over the device interface
 // (src/internal/roi_align_rotated_device.h, with the roi ops' shared sequences of
 // src/internal/roi_device.h) and run here on CudaDevice (cuda/cuda_device.cuh), on the caller's
-// stream. tests/roi_align_rotated_emulated_test.cpp runs the same steps on the emulated device.
+// stream. tests/roi_emulated_test.cpp runs the same steps on the emulated device.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -3,7 +3,7 @@
 
 No GPU is needed to test a kernel's logic when the kernel is a thin wrapper: its body is one call
 into a __host__ __device__ helper, and a CPU test runs that helper over an emulated grid (as
-tests/roi_align_emulated_test.cpp does). What only a GPU can check is then CUB, NCCL, streams and
+tests/roi_emulated_test.cpp does). What only a GPU can check is then CUB, NCCL, streams and
 the hardware. This script lists every __global__ function in cuda/*.cu and cuda/*.cuh (shared
 engines such as the gather-backward one) and fails unless either
   (a) its body is a single call statement -- alone, or as the body of a DETOPS_GRID_STRIDE loop,

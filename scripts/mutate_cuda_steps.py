@@ -5,7 +5,7 @@ order of two steps, the workspace's carving), rebuilds the op's emulated test an
 fail. Not part of CI (a rebuild per mutation, about 7 s each here); run it after changing a step
 sequence or its emulated test:
 
-    scripts/mutate_cuda_steps.py [--build build]   # a configured build with tests
+    scripts/mutate_cuda_steps.py [--build build] [--only roi]   # a configured build with tests
 
 Each file is restored after its mutation, also when the script is interrupted. Equivalent
 mutants are left out: flipping a thread-order flag (phase 3's, the atomic scatter's) changes which
@@ -164,19 +164,23 @@ SYNC_BATCH_NORM = [
 
 SUITES = [("detops_deform_conv2d_emulated_test", DEFORM_CONV2D), ("detops_grid_sample_emulated_test", GRID_SAMPLE),
           ("detops_sync_batch_norm_emulated_test", SYNC_BATCH_NORM),
-          ("detops_roi_align_emulated_test", ROI_ALIGN),
+          ("detops_roi_emulated_test", ROI_ALIGN),
           ("detops_ms_deform_attn_emulated_test", MS_DEFORM_ATTN),
           ("detops_frozen_batch_norm_emulated_test", FROZEN_BN),
-          ("detops_roi_align_rotated_emulated_test", ROI_ALIGN_ROTATED)]
+          ("detops_roi_emulated_test", ROI_ALIGN_ROTATED)]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
+    ap.add_argument("--only", default="", help="only the suites whose target contains this text (e.g. roi)")
+    args = ap.parse_args()
     root = pathlib.Path(__file__).resolve().parent.parent
-    build = (root / ap.parse_args().build).resolve()
+    build = (root / args.build).resolve()
     missed = 0
     for target, mutations in SUITES:
+        if args.only not in target:
+            continue
         for name, path, old, new in mutations:
             p = root / path
             text = p.read_text()

@@ -3,8 +3,8 @@
 // internal/roi_device.h: the atomic and truncated scatters; the exact mode and the float64
 // truncated mode run the gather engine over every roi's slots, with RoIAlign's own slot fields),
 // as launches of the per-thread bodies of include/detops/detail/roi_align_kernels.h.
-// cuda/roi_align_cuda.cu runs them on CudaDevice; tests/roi_align_emulated_test.cpp runs the very
-// same code on the emulated device.
+// cuda/roi_align_cuda.cu runs them on CudaDevice; tests/roi_emulated_test.cpp runs the very same
+// code on the emulated device.
 #pragma once
 
 #include <algorithm>

@@ -3,8 +3,7 @@
 // the atomic and truncated scatters; the exact mode and the float64 truncated mode run the gather
 // engine one chunk of whole images at a time), as launches of the per-thread bodies of
 // include/detops/detail/roi_align_rotated_kernels.h. cuda/roi_align_rotated_cuda.cu runs them on
-// CudaDevice; tests/roi_align_rotated_emulated_test.cpp runs the very same code on the emulated
-// device.
+// CudaDevice; tests/roi_emulated_test.cpp runs the very same code on the emulated device.
 #pragma once
 
 #include <algorithm>
