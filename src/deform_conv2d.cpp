@@ -167,11 +167,7 @@ internal::DeformConv2dCall validate_backward(const char* op, const TensorView& g
                                              const TensorView& weight, const TensorView& offset,
                                              const TensorView& mask, const DeformConv2dGrads& g,
                                              const DeformConv2dOptions& o, const DeformConv2dBackwardOptions& b) {
-  if (b.mode == BackwardMode::kTruncated)
-    fail(kBad, "{}: backward mode truncated is not offered by deform_conv2d; expected atomic or exact (exact is "
-         "bitwise reproducible)", op);
-  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kExact)
-    fail(kBad, "{}: backward mode {} is unknown; expected atomic or exact", op, static_cast<int>(b.mode));
+  internal::check_backward_mode(op, kDeformConv2dCapabilities, b.mode);
   if (b.border_rule != DeformBorderRule::kTorchvision && b.border_rule != DeformBorderRule::kMmcv)
     fail(kBad, "{}: border_rule {} is unknown; expected kTorchvision (0) or kMmcv (1)", op,
          static_cast<int>(b.border_rule));

@@ -123,11 +123,7 @@ internal::GridSampleCall validate_backward(const char* op, const TensorView& gra
                                            const TensorView& grad_grid, const GridSampleOptions& o,
                                            const GridSampleBackwardOptions& b) {
   check_options(op, o);
-  if (b.mode == BackwardMode::kTruncated)
-    fail(kBad, "{}: backward mode truncated is not offered by grid_sample; expected atomic or exact (exact is "
-         "bitwise reproducible)", op);
-  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kExact)
-    fail(kBad, "{}: backward mode {} is unknown; expected atomic or exact", op, static_cast<int>(b.mode));
+  internal::check_backward_mode(op, kGridSampleCapabilities, b.mode);
   check_input_and_grid(op, input, grid);
   check_sampled(op, "grad_output", grad_output, input, grid);
   if (grad_input.defined()) internal::check_like(op, "grad_input", grad_input, "input", input);

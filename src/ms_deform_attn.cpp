@@ -135,9 +135,7 @@ void read_levels(internal::MsdaCall& c, const Context& ctx) {
 internal::MsdaCall validate_backward(const char* op, const TensorView& value, const TensorView& spatial_shapes,
                                      const TensorView& level_start_index, const TensorView& loc,
                                      const TensorView& attn, const MsDeformAttnBackwardOptions& b) {
-  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kExact)
-    fail(kBad, "{}: backward mode {} is not offered; expected atomic or exact", op,
-         b.mode == BackwardMode::kTruncated ? "truncated" : "(unknown)");
+  internal::check_backward_mode(op, kMsDeformAttnCapabilities, b.mode);
   internal::MsdaCall c{};
   c.op = op;
   check_inputs(c, value, spatial_shapes, level_start_index, loc, attn);

@@ -88,7 +88,7 @@ internal::RoiAlignCall validate_backward(const TensorView& grad_output, const Te
   const char* op = argmax_required ? "roi_align_backward" : "roi_align_backward_workspace_size";
   internal::check_pooling_options(op, o);
   check_pool_mode(op, o);
-  internal::check_backward_options(op, b);
+  internal::check_backward_options(op, kRoiAlignCapabilities, b);
   internal::check_tensor(op, "grad_input", grad_input, 4);
   internal::check_floating(op, "grad_input", grad_input);
   internal::check_outputs(op, {{"grad_input", &grad_input}});

@@ -64,7 +64,7 @@ internal::RoiAlignRotatedCall validate_backward(const char* op, const TensorView
                                                 const TensorView& grad_input, const RoiAlignRotatedOptions& o,
                                                 const RoiAlignBackwardOptions& b) {
   check_options(op, o);
-  internal::check_backward_options(op, b);
+  internal::check_backward_options(op, kRoiAlignRotatedCapabilities, b);
   internal::check_tensor(op, "grad_input", grad_input, 4);
   internal::check_floating(op, "grad_input", grad_input);
   internal::check_outputs(op, {{"grad_input", &grad_input}});

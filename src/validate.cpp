@@ -2,6 +2,8 @@
 #include "internal/validate.h"
 
 #include <algorithm>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "internal/common.h"
@@ -138,6 +140,20 @@ void check_no_partial_overlap(const char* op, const char* out_name, const Tensor
        same ? "" : " without being the same view",
        allow_in_place ? fmt::format("either {} itself (in place) or disjoint memory", in_name)
                       : std::string("disjoint memory"));
+}
+
+void check_backward_mode(const char* op, const OpCapabilities& caps, BackwardMode mode) {
+  if (caps.offers(mode)) return;
+  std::vector<const char*> offered;
+  for (BackwardMode m : kAllBackwardModes)
+    if (caps.offers(m)) offered.push_back(to_string(m));
+  std::string expected;  // "atomic or exact", "atomic, truncated or exact"
+  for (std::size_t i = 0; i < offered.size(); ++i)
+    expected += std::string(i == 0 ? "" : i + 1 == offered.size() ? " or " : ", ") + offered[i];
+  if (std::find(std::begin(kAllBackwardModes), std::end(kAllBackwardModes), mode) != std::end(kAllBackwardModes))
+    fail(kBad, "{}: backward mode {} is not offered by {}; expected {} (exact is bitwise reproducible)", op,
+         to_string(mode), caps.name, expected);
+  fail(kBad, "{}: backward mode {} is unknown; expected {}", op, static_cast<int>(mode), expected);
 }
 
 void check_floating(const char* op, const char* name, const TensorView& v) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace detops {
 
@@ -38,5 +39,33 @@ enum class TruncationFormat : std::uint8_t { kFloat16, kBFloat16 };
 
 /// Names for messages and tables: "atomic", "truncated", "exact".
 const char* to_string(BackwardMode mode);
+
+/// What an op offers, stated once in its header (k<Op>Capabilities): its backward modes and
+/// whether its forward and its backward take scratch memory (then the op has a
+/// *_workspace_size() query and a `workspace` argument for that pass). The front ends accept a
+/// backward mode through it (the error names the modes the op offers), and the PyTorch binding
+/// parses its backward_mode strings through it.
+struct OpCapabilities {
+  const char* name;             ///< the op, as messages name it
+  std::uint8_t backward_modes;  ///< bit 1 << mode for each BackwardMode offered (0: no backward modes)
+  bool forward_workspace;
+  bool backward_workspace;
+
+  constexpr bool offers(BackwardMode mode) const {
+    const auto m = static_cast<unsigned>(mode);
+    return m < 8u && ((backward_modes >> m) & 1u) != 0;
+  }
+};
+
+/// The OpCapabilities::backward_modes bits of `modes`.
+constexpr std::uint8_t backward_mode_bits(std::initializer_list<BackwardMode> modes) {
+  unsigned bits = 0;
+  for (BackwardMode m : modes) bits |= 1u << static_cast<unsigned>(m);
+  return static_cast<std::uint8_t>(bits);
+}
+
+/// Every BackwardMode, in the order messages list them.
+inline constexpr BackwardMode kAllBackwardModes[] = {BackwardMode::kAtomic, BackwardMode::kTruncated,
+                                                     BackwardMode::kExact};
 
 }  // namespace detops

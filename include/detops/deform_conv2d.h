@@ -81,6 +81,10 @@
 
 namespace detops {
 
+/// deform_conv2d offers atomic and exact; both passes take scratch (the columns of the GEMMs).
+inline constexpr OpCapabilities kDeformConv2dCapabilities{
+    "deform_conv2d", backward_mode_bits({BackwardMode::kAtomic, BackwardMode::kExact}), true, true};
+
 /// torchvision.ops.deform_conv2d's stride, padding and dilation (groups and offset groups are
 /// read from the shapes of weight and offset, as torchvision does).
 struct DeformConv2dOptions {

@@ -52,6 +52,10 @@
 
 namespace detops {
 
+/// grid_sample offers atomic and exact; its backward takes scratch (the exact mode's), its forward none.
+inline constexpr OpCapabilities kGridSampleCapabilities{
+    "grid_sample", backward_mode_bits({BackwardMode::kAtomic, BackwardMode::kExact}), false, true};
+
 enum class GridSampleInterpolation : std::uint8_t { kBilinear, kNearest };
 enum class GridSamplePadding : std::uint8_t { kZeros, kBorder, kReflection };
 

@@ -47,6 +47,10 @@
 
 namespace detops {
 
+/// ms_deform_attn offers atomic and exact; its backward takes scratch (the exact mode's), its forward none.
+inline constexpr OpCapabilities kMsDeformAttnCapabilities{
+    "ms_deform_attn", backward_mode_bits({BackwardMode::kAtomic, BackwardMode::kExact}), false, true};
+
 struct MsDeformAttnBackwardOptions {
   /// kAtomic or kExact (kTruncated is refused).
   BackwardMode mode = BackwardMode::kExact;

@@ -51,6 +51,12 @@
 
 namespace detops {
 
+/// RoIAlign offers all three backward modes; its backward takes scratch (exact and truncated), its
+/// forward none.
+inline constexpr OpCapabilities kRoiAlignCapabilities{
+    "roi_align", backward_mode_bits({BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}), false,
+    true};
+
 enum class PoolMode : std::uint8_t { kAvg, kMax };
 
 struct RoiAlignOptions {

@@ -69,6 +69,11 @@
 
 namespace detops {
 
+/// RoIAlignRotated: as RoIAlign.
+inline constexpr OpCapabilities kRoiAlignRotatedCapabilities{
+    "roi_align_rotated", backward_mode_bits({BackwardMode::kAtomic, BackwardMode::kTruncated, BackwardMode::kExact}),
+    false, true};
+
 /// The unit of the rois' angle column.
 enum class AngleUnit : std::uint8_t { kDegrees, kRadians };
 

@@ -58,11 +58,11 @@ void check_pooling_options(const char* op, const Options& o) {
   }
 }
 
-/// The backward's mode and truncation format are enumerators this version knows.
-inline void check_backward_options(const char* op, const RoiAlignBackwardOptions& b) {
+/// The backward's mode (one the op offers: `caps`) and truncation format are enumerators this
+/// version knows.
+inline void check_backward_options(const char* op, const OpCapabilities& caps, const RoiAlignBackwardOptions& b) {
   constexpr ErrorCode kBad = ErrorCode::kInvalidArgument;
-  if (b.mode != BackwardMode::kAtomic && b.mode != BackwardMode::kTruncated && b.mode != BackwardMode::kExact)
-    fail(kBad, "{}: backward mode {} is unknown; expected atomic, truncated or exact", op, static_cast<int>(b.mode));
+  check_backward_mode(op, caps, b.mode);
   if (b.truncation != TruncationFormat::kFloat16 && b.truncation != TruncationFormat::kBFloat16)
     fail(kBad, "{}: truncation format {} is unknown; expected float16 or bfloat16", op, static_cast<int>(b.truncation));
 }

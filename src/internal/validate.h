@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "detops/backward_mode.h"
 #include "detops/tensor.h"
 #include "internal/scratch.h"
 
@@ -31,6 +32,8 @@ bool checked_affine(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t
 /// when it does not fit in int64.
 bool checked_product(std::initializer_list<std::int64_t> factors, std::int64_t* out);
 
+/// `mode` is one of the backward modes `caps` offers; the error names the ones it does.
+void check_backward_mode(const char* op, const OpCapabilities& caps, BackwardMode mode);
 /// A floating dtype (float32, float64, float16, bfloat16).
 void check_floating(const char* op, const char* name, const TensorView& v);
 /// `v` has the rank, sizes, dtype and device of `ref` (an x-like argument).

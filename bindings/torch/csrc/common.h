@@ -70,18 +70,16 @@ inline Tensor empty_like_format(const Tensor& t) { return empty_on(t, sizes_of(t
               std::string(op) + ": " + arg + " is " + quoted(given) + "; expected one of " + allowed);
 }
 
-inline BackwardMode parse_backward_mode(const char* op, Str s) {
-  if (sv(s) == "exact") return BackwardMode::kExact;
-  if (sv(s) == "truncated") return BackwardMode::kTruncated;
-  if (sv(s) == "atomic") return BackwardMode::kAtomic;
-  bad_mode(op, "backward_mode", s, "'exact', 'truncated', 'atomic'");
-}
-
-/// The backward modes of grid_sample and ms_deform_attn (they offer no truncated mode).
-inline BackwardMode parse_exact_or_atomic(const char* op, Str s) {
-  if (sv(s) == "exact") return BackwardMode::kExact;
-  if (sv(s) == "atomic") return BackwardMode::kAtomic;
-  bad_mode(op, "backward_mode", s, "'exact', 'atomic'");
+/// A backward_mode string: the name (detops::to_string) of a mode the op offers (`caps`, the op's
+/// k<Op>Capabilities).
+inline BackwardMode parse_backward_mode(const char* op, Str s, const OpCapabilities& caps) {
+  std::string allowed;
+  for (BackwardMode m : kAllBackwardModes) {
+    if (!caps.offers(m)) continue;
+    if (sv(s) == to_string(m)) return m;
+    allowed += std::string(allowed.empty() ? "'" : ", '") + to_string(m) + "'";
+  }
+  bad_mode(op, "backward_mode", s, allowed.c_str());
 }
 
 /// The unit of RoIAlignRotated's angle column: detectron2's degrees or mmcv's radians.

@@ -124,7 +124,8 @@ Tensor deform_conv2d_kernel(const Tensor& input, const Tensor& weight, const Ten
                             int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                             int64_t groups, int64_t offset_groups, bool use_mask, Str mode, Str border_rule) {
   return guarded([&] {
-    parse_exact_or_atomic(kForward, mode);  // a bad mode or rule fails now, not in the backward
+    // a bad mode or rule fails now, not in the backward
+    parse_backward_mode(kForward, mode, kDeformConv2dCapabilities);
     parse_border_rule(kForward, border_rule);
     const DeformConv2dOptions options =
         make_options(kForward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);
@@ -149,7 +150,7 @@ Grads5 deform_conv2d_backward_kernel(const Tensor& grad_output, const Tensor& in
                                      bool mask_grad, bool bias_grad) {
   return guarded([&] {
     DeformConv2dBackwardOptions backward;
-    backward.mode = parse_exact_or_atomic(kBackward, mode);
+    backward.mode = parse_backward_mode(kBackward, mode, kDeformConv2dCapabilities);
     backward.border_rule = parse_border_rule(kBackward, border_rule);
     const DeformConv2dOptions options =
         make_options(kBackward, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w);

@@ -50,7 +50,7 @@ Tensor grid_sample_kernel(const Tensor& input, const Tensor& grid, Str interpola
                           Str padding_mode, bool align_corners, Str mode) {
   return guarded([&] {
     const GridSampleOptions options = make_options(kForward, interpolation, padding_mode, align_corners);
-    parse_exact_or_atomic(kForward, mode);
+    parse_backward_mode(kForward, mode, kGridSampleCapabilities);
     DeviceGuard guard(input);
     Tensor output = empty_on(input, output_sizes(kForward, input, grid), kNone, is_channels_last(input));
     grid_sample_forward(view(input, "input"), view(grid, "grid"),
@@ -67,7 +67,7 @@ std::tuple<Tensor, Tensor> grid_sample_backward_kernel(const Tensor& grad_output
   return guarded([&] {
     const GridSampleOptions options = make_options(kBackward, interpolation, padding_mode, align_corners);
     GridSampleBackwardOptions backward;
-    backward.mode = parse_exact_or_atomic(kBackward, mode);
+    backward.mode = parse_backward_mode(kBackward, mode, kGridSampleCapabilities);
     DeviceGuard guard(grad_output);
     if (backward.mode == BackwardMode::kAtomic && input_grad && is_cuda(grad_output)) {
       // grad_input's scatter is the one part whose bits change from run to run (grad_grid has one

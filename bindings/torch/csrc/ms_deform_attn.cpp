@@ -50,7 +50,7 @@ Tensor ms_deform_attn_kernel(const Tensor& value, const Tensor& spatial_shapes,
                              const Tensor& level_start_index, const Tensor& sampling_locations,
                              const Tensor& attention_weights, Str mode) {
   return guarded([&] {
-    parse_exact_or_atomic(kForward, mode);
+    parse_backward_mode(kForward, mode, kMsDeformAttnCapabilities);
     DeviceGuard guard(value);
     Tensor output =
         empty_on(value, output_sizes(kForward, value, sampling_locations, attention_weights));
@@ -69,7 +69,7 @@ std::tuple<Tensor, Tensor, Tensor> ms_deform_attn_backward_kernel(
     Str mode, bool value_grad, bool locations_grad, bool weights_grad) {
   return guarded([&] {
     MsDeformAttnBackwardOptions backward;
-    backward.mode = parse_exact_or_atomic(kBackward, mode);
+    backward.mode = parse_backward_mode(kBackward, mode, kMsDeformAttnCapabilities);
     DeviceGuard guard(grad_output);
     if (backward.mode == BackwardMode::kAtomic && value_grad && is_cuda(grad_output)) {
       // grad_value's scatter is the one part whose bits change from run to run (the location and

@@ -27,7 +27,7 @@ Tensor roi_align_kernel(const Tensor& input, const Tensor& rois, double spatial_
                         int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned,
                         Str backward_mode, Str truncation) {
   return guarded([&] {
-    parse_backward_mode(kForward, backward_mode);
+    parse_backward_mode(kForward, backward_mode, kRoiAlignCapabilities);
     parse_truncation(kForward, truncation);
     DeviceGuard guard(input);
     Tensor output = empty_on(input, roi_output_sizes(kForward, input, rois, pooled_height, pooled_width, "[K, 5]"));
@@ -45,7 +45,7 @@ std::tuple<Tensor, Tensor> roi_align_max_kernel(const Tensor& input, const Tenso
                                                 Str backward_mode, Str truncation) {
   return guarded([&] {
     const char* op = "detops::roi_align_max";
-    parse_backward_mode(op, backward_mode);
+    parse_backward_mode(op, backward_mode, kRoiAlignCapabilities);
     parse_truncation(op, truncation);
     DeviceGuard guard(input);
     const auto sizes = roi_output_sizes(op, input, rois, pooled_height, pooled_width, "[K, 5]");
@@ -65,7 +65,7 @@ Tensor backward_common(const char* op, const Tensor& grad, const Tensor& rois, c
                        Str backward_mode, Str truncation, bool channels_last, PoolMode pool) {
   return guarded([&] {
     RoiAlignBackwardOptions b;
-    b.mode = parse_backward_mode(op, backward_mode);
+    b.mode = parse_backward_mode(op, backward_mode, kRoiAlignCapabilities);
     b.truncation = parse_truncation(op, truncation);
     DeviceGuard guard(grad);
     if (b.mode == BackwardMode::kAtomic && is_cuda(grad)) {

@@ -26,7 +26,7 @@ RoiAlignRotatedOptions make_options(const char* op, double spatial_scale, int64_
 
 RoiAlignBackwardOptions make_backward(const char* op, Str backward_mode, Str truncation) {
   RoiAlignBackwardOptions b;
-  b.mode = parse_backward_mode(op, backward_mode);
+  b.mode = parse_backward_mode(op, backward_mode, kRoiAlignRotatedCapabilities);
   b.truncation = parse_truncation(op, truncation);
   return b;
 }
