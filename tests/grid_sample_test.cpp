@@ -216,7 +216,9 @@ TEST(GridSample, InstructionSetVariantsGiveTheSameBits) {
       const std::vector<double> scalar = forward(CpuIsa::kBaseline, Layout::kNHWC, false);
       std::size_t nans = 0;
       for (double v : scalar) nans += std::isnan(v) ? 1 : 0;
-      if (o.padding == GridSamplePadding::kZeros) EXPECT_GT(nans, 0u) << "the NaN points sample NaN";
+      if (o.padding == GridSamplePadding::kZeros) {
+        EXPECT_GT(nans, 0u) << "the NaN points sample NaN";
+      }
       for (CpuIsa isa : variants) {
         for (bool strided : {false, true}) {
           const std::vector<double> got = forward(isa, Layout::kNCHW, strided);

@@ -120,7 +120,8 @@ DETOPS_HOST_DEVICE inline GridCoord<A> grid_reflect(A v, const GridAxis<A>& a) {
   const A extra = dist - periods * a.twice_span;
   const A reflected = a.twice_span - extra;
   const bool flip = extra > reflected;
-  return {degenerate ? A(0) : (flip ? reflected : extra) + a.low, degenerate ? A(0) : (flip != negative ? A(-1) : A(1))};
+  const A value = (flip ? reflected : extra) + a.low, mult = flip != negative ? A(-1) : A(1);
+  return {degenerate ? A(0) : value, degenerate ? A(0) : mult};
 }
 
 /// The pixel coordinate of grid value g along axis a after padding, with d(coordinate)/d(g):
