@@ -217,6 +217,30 @@ void zero_fill(const TensorView& v, const Context& ctx) {
                });
 }
 
+/// The backward's walks over lanes (backward_lanes_apply): image n's grid points block by block
+/// in grid order; for each block, channels [c0, c1) in turn (each plane still sees its points in
+/// grid order), visit(c, ho, wo, o, w) with corner k's destination index (-1 off the map) at
+/// o[k * kLaneBlock] and its weight at w[k * kLaneBlock]: the values grid_sample_point gives.
+template <class Visit>
+void for_each_lane_point(const GridSampleCpuKernels& kernels, const detail::GridSampleArgs<float>& a, std::int64_t n,
+                         std::int64_t c0, std::int64_t c1, GridLanes& lanes, Visit&& visit) {
+  const GridSampleShape& s = a.shape;
+  const std::int64_t count = s.Ho * s.Wo;
+  for (std::int64_t t0 = 0; t0 < count; t0 += kLaneBlock) {
+    const std::int64_t m = std::min(kLaneBlock, count - t0);
+    kernels.fill_block(a, n, t0, m, s.W, 1, lanes);
+    const std::int32_t* o = lanes.offset.data();
+    const float* w = lanes.weight.data();
+    for (std::int64_t c = c0; c < c1; ++c) {
+      std::int64_t ho = t0 / s.Wo, wo = t0 % s.Wo;
+      for (std::int64_t i = 0; i < m; ++i) {
+        visit(c, ho, wo, o + i, w + i);
+        if (++wo == s.Wo) wo = 0, ++ho;
+      }
+    }
+  }
+}
+
 /// Atomic mode: threads own (image, group of channels) items, so each grad_input plane has one
 /// writer; an item walks the grid points in order for each of its planes (the order of CUDA's
 /// thread indices within a plane, so the two backends add the same values; only CUDA's
@@ -228,6 +252,29 @@ void scatter_backward(const GridSampleCall& call, const Context& ctx) {
   const GridSampleShape& s = call.shape;
   T* gi = static_cast<T*>(call.grad_input.data);
   const std::int64_t groups = (s.C + kGroup - 1) / kGroup;
+  if constexpr (std::is_same_v<T, float>) {
+    if (backward_lanes_apply(call)) {  // the points from lanes; each plane still in grid order
+      const GridSampleCpuKernels& kernels = cpu_kernels(ctx);
+      parallel_for(s.N * groups, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
+        GridLanes lanes;
+        for (std::int64_t item = lo; item < hi; ++item) {
+          const std::int64_t g = item % groups, n = item / groups;
+          for_each_lane_point(kernels, a.g, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), lanes,
+                              [&](std::int64_t c, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
+                                  const float* w) {
+                                float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+                                const float gv =
+                                    a.grad_output[n * a.go.s0 + c * a.go.s1 + ho * a.go.s2 + wo * a.go.s3];
+                                for (int k = 0; k < 4; ++k) {
+                                  const std::int32_t d = o[k * kLaneBlock];
+                                  if (d >= 0) plane[d] = plane[d] + gv * w[k * kLaneBlock];
+                                }
+                              });
+        }
+      });
+      return;
+    }
+  }
   parallel_for(s.N * groups, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
     WalkBuffers<A> buffers;
     for (std::int64_t item = lo; item < hi; ++item) {
@@ -306,6 +353,7 @@ struct ScatterThread {
   PlaneScatter<A> scatter;
   std::vector<A> sums;                // 16-bit types: the plane's sums
   std::vector<std::int32_t> counts;   // records per destination of an item's image
+  GridLanes lanes;                    // float32 bilinear: the points' lanes (backward_lanes_apply)
 };
 
 /// Bytes of one thread's ScatterThread (the walk's points aside): per pixel a stamped count and a
@@ -332,15 +380,65 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
   const GridSampleShape& s = call.shape;
   T* gi = static_cast<T*>(call.grad_input.data);
   const std::int64_t groups = (s.C + kGroup - 1) / kGroup, positions = s.H * s.W;
+  bool use_lanes = false;
+  if constexpr (std::is_same_v<T, float>) use_lanes = backward_lanes_apply(call);
   const auto make = [&] {
-    ScatterThread<A> t{WalkBuffers<A>{}, PlaneScatter<A>(positions, detail::kGatherPartial), {}, {}};
+    ScatterThread<A> t{WalkBuffers<A>{}, PlaneScatter<A>(positions, detail::kGatherPartial), {}, {}, {}};
     if (s.C > 1) {
-      t.buffers.points.reserve(static_cast<std::size_t>(s.Ho * s.Wo));
+      if (!use_lanes) t.buffers.points.reserve(static_cast<std::size_t>(s.Ho * s.Wo));
       t.counts.resize(static_cast<std::size_t>(positions));
     }
     if (!kSameType) t.sums.resize(static_cast<std::size_t>(positions));
+    if (use_lanes) {
+      t.lanes.coord.resize(static_cast<std::size_t>(2 * kLaneBlock));
+      t.lanes.offset.resize(static_cast<std::size_t>(4 * kLaneBlock));
+      t.lanes.weight.resize(static_cast<std::size_t>(4 * kLaneBlock));
+    }
     return t;
   };
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_lanes) {  // the points from lanes, each plane's in grid order; grad_input's planes dense
+      const GridSampleCpuKernels& kernels = cpu_kernels(ctx);
+      const auto walk = [&](ScatterThread<A>& state, std::int64_t lo, std::int64_t hi) {
+        PlaneScatter<A>& scatter = state.scatter;
+        std::vector<std::int32_t>& counts = state.counts;
+        for (std::int64_t item = lo; item < hi; ++item) {
+          const std::int64_t g = item % groups, n = item / groups;
+          const std::int64_t c0 = g * kGroup, c1 = std::min(s.C, (g + 1) * kGroup);
+          bool counted = false;  // as the walk below: several channels share the image's records
+          if (c1 - c0 > 1) {
+            std::fill(counts.begin(), counts.end(), 0);
+            std::int32_t most = 0;
+            for_each_lane_point(kernels, a.g, n, c0, c0 + 1, state.lanes,
+                                [&](std::int64_t, std::int64_t, std::int64_t, const std::int32_t* o, const float*) {
+                                  for (int k = 0; k < 4; ++k)
+                                    if (o[k * kLaneBlock] >= 0)
+                                      most = std::max(most, ++counts[static_cast<std::size_t>(o[k * kLaneBlock])]);
+                                });
+            counted = most <= detail::kGatherPartial;
+          }
+          for (std::int64_t c = c0; c < c1; ++c) {
+            float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+            const float* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
+            scatter.next_plane(counted);
+            for_each_lane_point(kernels, a.g, n, c, c + 1, state.lanes,
+                                [&](std::int64_t, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
+                                    const float* w) {
+                                  const float gv = go[ho * a.go.s2 + wo * a.go.s3];
+                                  for (int k = 0; k < 4; ++k) {
+                                    const std::int32_t d = o[k * kLaneBlock];
+                                    if (d >= 0) scatter.add(d, plane[d], gv * w[k * kLaneBlock]);
+                                  }
+                                });
+            scatter.finish([plane](std::int64_t d) { return plane + d; });
+          }
+        }
+      };
+      run_owned(call.op, s.N * groups, ctx.resolved_threads(), scatter_thread_bytes<T>(s), make,
+                [&] { zero_fill<T>(call.grad_input, ctx); }, walk);
+      return;
+    }
+  }
   const auto walk = [&](ScatterThread<A>& state, std::int64_t lo, std::int64_t hi) {
     WalkBuffers<A>& buffers = state.buffers;
     PlaneScatter<A>& scatter = state.scatter;

@@ -30,26 +30,44 @@ struct GridLanes {
   std::vector<float> weight;
 };
 
-/// Whether a forward can run in lanes: float32 input, output and grid, bilinear, a non-empty map
-/// whose every pixel offset fits 32 bits, output rows with unit stride. Each lane evaluates the
-/// shared math of detail/grid_sample_math.h (grid_source_coord, grid_floor_index,
+/// Whether a call's points can be computed in lanes: float32 input and grid, bilinear, a non-empty
+/// map whose every pixel offset in `plane` (a view of the map's shape) fits 32 bits. Each lane
+/// evaluates the shared math of detail/grid_sample_math.h (grid_source_coord, grid_floor_index,
 /// grid_bilinear_weights, grid_corner_index, grid_in_map, grid_bilinear_sum) in the order
 /// grid_sample_point and grid_sample_interpolate do, so a lane's result has the same bits; only
 /// the index type narrows (the same values, as the offsets fit).
-inline bool lanes_apply(const GridSampleCall& call) {
+inline bool lanes_fit(const GridSampleCall& call, const TensorView& plane) {
   const detail::GridSampleShape& s = call.shape;
-  const TensorView& in = call.input;
-  if (in.dtype != DType::kFloat32 || call.grid.dtype != DType::kFloat32 || s.nearest) return false;
-  if (s.H < 1 || s.W < 1 || call.output.strides[3] != 1) return false;
+  if (call.input.dtype != DType::kFloat32 || call.grid.dtype != DType::kFloat32 || s.nearest) return false;
+  if (s.H < 1 || s.W < 1) return false;
   constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
-  return (s.H - 1) * in.strides[2] + (s.W - 1) * in.strides[3] < kMax && s.H < kMax && s.W < kMax;
+  return (s.H - 1) * plane.strides[2] + (s.W - 1) * plane.strides[3] < kMax && s.H < kMax && s.W < kMax;
 }
+
+/// The forward in lanes: output rows with unit stride.
+inline bool lanes_apply(const GridSampleCall& call) {
+  return lanes_fit(call, call.input) && call.output.strides[3] == 1;
+}
+
+/// The backward's walks over lanes: grad_input's planes dense (row-major), so that a corner's
+/// offset is its destination index iy * W + ix.
+inline bool backward_lanes_apply(const GridSampleCall& call) {
+  const TensorView& gi = call.grad_input;
+  return gi.defined() && lanes_fit(call, gi) && gi.strides[3] == 1 && gi.strides[2] == call.shape.W;
+}
+
+/// Points per block of lanes (40 bytes a point: a block stays in L1 between the passes).
+constexpr std::int64_t kLaneBlock = 512;
 
 struct GridSampleCpuKernels {
   /// The forward of image n for channels [c0, c1) (lanes_apply holds): per block of the image's
   /// points, their lanes once, then each channel's plane sampled from them.
   void (*forward_lanes)(const detail::GridSampleArgs<float>& a, std::int64_t n, std::int64_t c0, std::int64_t c1,
                         float* output, const detail::GridSampleStrides& out, GridLanes& lanes);
+  /// The lanes of points [t0, t0 + m) of image n (m <= kLaneBlock, grid order), corner offsets
+  /// with strides (sh, sw): the backward's walks take their points from here.
+  void (*fill_block)(const detail::GridSampleArgs<float>& a, std::int64_t n, std::int64_t t0, std::int64_t m,
+                     std::int64_t sh, std::int64_t sw, GridLanes& lanes);
 };
 
 }  // namespace
