@@ -389,11 +389,7 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
       t.counts.resize(static_cast<std::size_t>(positions));
     }
     if (!kSameType) t.sums.resize(static_cast<std::size_t>(positions));
-    if (use_lanes) {
-      t.lanes.coord.resize(static_cast<std::size_t>(2 * kLaneBlock));
-      t.lanes.offset.resize(static_cast<std::size_t>(4 * kLaneBlock));
-      t.lanes.weight.resize(static_cast<std::size_t>(4 * kLaneBlock));
-    }
+    if (use_lanes) t.lanes.size_for_block();
     return t;
   };
   if constexpr (std::is_same_v<T, float>) {

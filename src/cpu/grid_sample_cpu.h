@@ -1,7 +1,7 @@
 // What grid_sample's CPU loops share with the kernel file compiled per instruction set
-// (grid_sample_cpu_kernels.inc, internal/cpu_isa.h): the bilinear forward in lanes. This is that
-// kernel file's whole interface (it has no #includes of its own: it is compiled inside the
-// variants' namespaces); everything is internal.
+// (grid_sample_cpu_kernels.inc, internal/cpu_isa.h): bilinear points in lanes, for the forward
+// and the backward's scatter walks. This is that kernel file's whole interface (it has no
+// #includes of its own: it is compiled inside the variants' namespaces); everything is internal.
 #pragma once
 
 #include <algorithm>
@@ -21,13 +21,24 @@ namespace detops {
 namespace internal {
 namespace {
 
-/// A block of bilinear grid points in lanes (structure of arrays, B points): point i's x at
-/// coord[i] and y at coord[B + i]; corner k's offset in a plane at offset[k * B + i] (-1 when off
-/// the map) and its weight at weight[k * B + i]. One per thread, reused across its items.
+/// Points per block of lanes (40 bytes a point: a block stays in L1 between the passes).
+constexpr std::int64_t kLaneBlock = 512;
+
+/// A block of bilinear grid points in lanes (structure of arrays, B = kLaneBlock points): point
+/// i's x at coord[i] and y at coord[B + i]; corner k's offset in a plane at offset[k * B + i] (-1
+/// when off the map) and its weight at weight[k * B + i]. One per thread, reused across its items.
 struct GridLanes {
   std::vector<float> coord;
   std::vector<std::int32_t> offset;
   std::vector<float> weight;
+
+  /// Sized for a block (a no-op once it is; a walk that must not allocate after it starts writing
+  /// calls it first).
+  void size_for_block() {
+    coord.resize(static_cast<std::size_t>(2 * kLaneBlock));
+    offset.resize(static_cast<std::size_t>(4 * kLaneBlock));
+    weight.resize(static_cast<std::size_t>(4 * kLaneBlock));
+  }
 };
 
 /// Whether a call's points can be computed in lanes: float32 input and grid, bilinear, a non-empty
@@ -55,9 +66,6 @@ inline bool backward_lanes_apply(const GridSampleCall& call) {
   const TensorView& gi = call.grad_input;
   return gi.defined() && lanes_fit(call, gi) && gi.strides[3] == 1 && gi.strides[2] == call.shape.W;
 }
-
-/// Points per block of lanes (40 bytes a point: a block stays in L1 between the passes).
-constexpr std::int64_t kLaneBlock = 512;
 
 struct GridSampleCpuKernels {
   /// The forward of image n for channels [c0, c1) (lanes_apply holds): per block of the image's
