@@ -110,7 +110,7 @@ TEST(RunOwned, ThreadsOwnContiguousRangesCoveringEveryItem) {
 // ---- grid_sample --------------------------------------------------------------------------
 
 TEST(CpuExactPaths, GridSampleScatterOnlyWithinItsMemoryBound) {
-  // One channel (the scatter's case) on a 1024x1024 map: no workspace (12 bytes per pixel per
+  // One channel (the scatter's case) on a 1024x1024 map: no workspace (16 bytes per pixel per
   // thread); on 2048x2048 a thread's scatter state would pass kScatterThreadBytes (16 MiB), so the
   // engine (and its workspace) instead.
   for (std::int64_t side : {1024, 2048}) {
@@ -132,10 +132,12 @@ struct GridCase {
 
 // (The backend itself takes the scatter only below 16 channels; both paths run every case here.)
 // "crowded": 4800 points onto 30 pixels (about 300 records per destination, past the partial
-// length); "points": point_sample's shape (one channel, many images); "sparse": fewer points
-// than pixels; "wide": channels across several groups of the NCHW walk.
+// length), with several channels and with one; "points": point_sample's shape (one channel, many
+// images); "sparse": fewer points than pixels; "wide": channels across several groups of the NCHW
+// walk.
 const GridCase kGridCases[] = {
     {"crowded", 2, 3, 6, 5, 40, 60, 1.2},
+    {"crowded points", 3, 1, 6, 5, 40, 60, 1.2},
     {"points", 9, 1, 13, 11, 57, 1, 1.1},
     {"sparse", 2, 4, 23, 19, 5, 7, 1.5},
     {"wide", 1, 37, 9, 8, 12, 10, 1.0},

@@ -357,12 +357,12 @@ struct ScatterThread {
 };
 
 /// Bytes of one thread's ScatterThread (the walk's points aside): per pixel a stamped count and a
-/// total, an image count with several channels, and a 16-bit type's float plane.
+/// total, a plain count (the image's records), and a 16-bit type's float plane.
 template <class T>
 std::size_t scatter_thread_bytes(const GridSampleShape& s) {
   using A = acc_t<T>;
-  const std::size_t per_pixel = sizeof(std::uint64_t) + sizeof(A) + (s.C > 1 ? sizeof(std::int32_t) : 0) +
-                                (std::is_same_v<T, A> ? 0 : sizeof(A));
+  const std::size_t per_pixel =
+      sizeof(std::uint64_t) + sizeof(A) + sizeof(std::int32_t) + (std::is_same_v<T, A> ? 0 : sizeof(A));
   return static_cast<std::size_t>(s.H * s.W) * per_pixel;
 }
 
@@ -384,10 +384,8 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
   if constexpr (std::is_same_v<T, float>) use_lanes = backward_lanes_apply(call);
   const auto make = [&] {
     ScatterThread<A> t{WalkBuffers<A>{}, PlaneScatter<A>(positions, detail::kGatherPartial), {}, {}, {}};
-    if (s.C > 1) {
-      if (!use_lanes) t.buffers.points.reserve(static_cast<std::size_t>(s.Ho * s.Wo));
-      t.counts.resize(static_cast<std::size_t>(positions));
-    }
+    if (s.C > 1 && !use_lanes) t.buffers.points.reserve(static_cast<std::size_t>(s.Ho * s.Wo));
+    if (s.C > 1 || use_lanes) t.counts.resize(static_cast<std::size_t>(positions));
     if (!kSameType) t.sums.resize(static_cast<std::size_t>(positions));
     if (use_lanes) t.lanes.size_for_block();
     return t;
@@ -395,39 +393,58 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
   if constexpr (std::is_same_v<T, float>) {
     if (use_lanes) {  // the points from lanes, each plane's in grid order; grad_input's planes dense
       const GridSampleCpuKernels& kernels = cpu_kernels(ctx);
+      const std::int64_t plane_size = positions;
       const auto walk = [&](ScatterThread<A>& state, std::int64_t lo, std::int64_t hi) {
         PlaneScatter<A>& scatter = state.scatter;
         std::vector<std::int32_t>& counts = state.counts;
+        const auto add_plane = [&](std::int64_t n, std::int64_t c, bool counted) {
+          float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+          const float* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
+          scatter.next_plane(counted);
+          for_each_lane_point(kernels, a.g, n, c, c + 1, state.lanes,
+                              [&](std::int64_t, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
+                                  const float* w) {
+                                const float gv = go[ho * a.go.s2 + wo * a.go.s3];
+                                for (int k = 0; k < 4; ++k) {
+                                  const std::int32_t d = o[k * kLaneBlock];
+                                  if (d >= 0) scatter.add(d, plane[d], gv * w[k * kLaneBlock]);
+                                }
+                              });
+          scatter.finish([plane](std::int64_t d) { return plane + d; });
+        };
         for (std::int64_t item = lo; item < hi; ++item) {
           const std::int64_t g = item % groups, n = item / groups;
           const std::int64_t c0 = g * kGroup, c1 = std::min(s.C, (g + 1) * kGroup);
-          bool counted = false;  // as the walk below: several channels share the image's records
-          if (c1 - c0 > 1) {
-            std::fill(counts.begin(), counts.end(), 0);
-            std::int32_t most = 0;
+          // The first plane optimistically: each record added where it lands (what PlaneScatter
+          // does while no destination has reached a second partial) and counted per destination.
+          // If none received more than kGatherPartial records, that is the engine's sum, and the
+          // image's other planes (the same records) add the same way; otherwise the plane is
+          // cleared and every plane of the item runs PlaneScatter's partials.
+          std::fill(counts.begin(), counts.end(), 0);
+          {
+            float* plane = gi + n * a.gi.s0 + c0 * a.gi.s1;
+            const float* go = a.grad_output + n * a.go.s0 + c0 * a.go.s1;
+            std::int32_t* count = counts.data();
             for_each_lane_point(kernels, a.g, n, c0, c0 + 1, state.lanes,
-                                [&](std::int64_t, std::int64_t, std::int64_t, const std::int32_t* o, const float*) {
-                                  for (int k = 0; k < 4; ++k)
-                                    if (o[k * kLaneBlock] >= 0)
-                                      most = std::max(most, ++counts[static_cast<std::size_t>(o[k * kLaneBlock])]);
-                                });
-            counted = most <= detail::kGatherPartial;
-          }
-          for (std::int64_t c = c0; c < c1; ++c) {
-            float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
-            const float* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
-            scatter.next_plane(counted);
-            for_each_lane_point(kernels, a.g, n, c, c + 1, state.lanes,
                                 [&](std::int64_t, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
                                     const float* w) {
                                   const float gv = go[ho * a.go.s2 + wo * a.go.s3];
                                   for (int k = 0; k < 4; ++k) {
                                     const std::int32_t d = o[k * kLaneBlock];
-                                    if (d >= 0) scatter.add(d, plane[d], gv * w[k * kLaneBlock]);
+                                    if (d >= 0) {
+                                      plane[d] = plane[d] + gv * w[k * kLaneBlock];
+                                      ++count[d];
+                                    }
                                   }
                                 });
-            scatter.finish([plane](std::int64_t d) { return plane + d; });
           }
+          const bool counted = *std::max_element(counts.begin(), counts.end()) <= detail::kGatherPartial;
+          if (!counted) {
+            float* plane = gi + n * a.gi.s0 + c0 * a.gi.s1;
+            std::fill(plane, plane + plane_size, 0.0f);
+            add_plane(n, c0, false);
+          }
+          for (std::int64_t c = c0 + 1; c < c1; ++c) add_plane(n, c, counted);
         }
       };
       run_owned(call.op, s.N * groups, ctx.resolved_threads(), scatter_thread_bytes<T>(s), make,
