@@ -231,6 +231,50 @@ TEST(GridSample, InstructionSetVariantsGiveTheSameBits) {
   }
 }
 
+TEST(GridSample, GradGridLanesGiveTheScalarBits) {
+  // float32 bilinear grad_grid on NCHW planes runs in lanes (grad_grid_lanes); on NHWC one point at
+  // a time (grid_sample_grad_grid_element). Both add each point's channels in order with the same
+  // operations, so every instruction set's NCHW grad_grid must have the NHWC baseline's bits, with
+  // grad_output's points in a row or not (an NHWC grad_output), and through non-finite points.
+  std::vector<CpuIsa> variants{CpuIsa::kBaseline};
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const GridSampleOptions& o : test::all_grid_options()) {
+    if (o.interpolation != GridSampleInterpolation::kBilinear) continue;
+    for (const auto& [Ho, Wo] : {std::pair<std::int64_t, std::int64_t>{700, 1}, {23, 37}, {3, 4500}}) {
+      GridSampleProblem p = test::make_grid_problem(2, 20, 9, 11, Ho, Wo, o, 510, 1.3);
+      const double odd[] = {nan, inf, -inf, 1e30, -1e30, 1e-30, -0.0, 1.0 + 1e-7};
+      for (std::size_t i = 3; i < p.grid.size(); i += 11) p.grid[i] = odd[(i / 11) % 8];
+      auto grad_grid = [&](CpuIsa isa, Layout input_layout, Layout go_layout) {
+        const test::GridSampleTensors t = test::grid_tensors(p, DType::kFloat32, DType::kFloat32, input_layout);
+        const test::GridSampleTensors g = test::grid_tensors(p, DType::kFloat32, DType::kFloat32, go_layout);
+        Tensor gg = Tensor::empty({p.N, p.Ho, p.Wo, 2}, DType::kFloat32);
+        gg.fill_bytes(0xCD);
+        Context ctx;
+        ctx.num_threads = 2;
+        ctx.cpu_isa = isa;
+        grid_sample_backward(g.grad_output, t.input, t.grid, {}, gg, o, {}, ctx);
+        return to_vector(gg);
+      };
+      const std::vector<double> scalar = grad_grid(CpuIsa::kBaseline, Layout::kNHWC, Layout::kNHWC);
+      std::size_t nans = 0;
+      for (double v : scalar) nans += std::isnan(v) ? 1 : 0;
+      if (o.padding == GridSamplePadding::kZeros) {
+        EXPECT_GT(nans, 0u) << "the NaN points' grad_grid is NaN";
+      }
+      for (CpuIsa isa : variants) {
+        for (Layout go_layout : {Layout::kNCHW, Layout::kNHWC}) {
+          const std::vector<double> got = grad_grid(isa, Layout::kNCHW, go_layout);
+          EXPECT_EQ(std::memcmp(got.data(), scalar.data(), got.size() * sizeof(double)), 0)
+              << to_string(o.padding) << " ac" << o.align_corners << " " << Ho << "x" << Wo << " "
+              << cpu_isa_name(isa) << (go_layout == Layout::kNHWC ? " nhwc grad_output" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(GridSample, NonFiniteCoordinatesFollowPyTorch) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const GridSampleOptions& o : test::all_grid_options()) {

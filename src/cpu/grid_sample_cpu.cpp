@@ -7,14 +7,13 @@
 //    computed once per image and group, as the forward's), so every grad_input element
 //    receives its contributions in grid order, rounded per add as CUDA's atomics round them
 //    (deterministic here, unlike on the GPU);
-//  - exact backward: with few channels (NCHW), the atomic mode's walk with the engine's partials
-//    (PlaneScatter: no records, no sort); otherwise the gather engine
-//    (src/internal/gather_backward_cpu.h) per chunk of images; both give the engine's bits
-//    (exact_path);
+//  - exact backward: float32 bilinear on NCHW planes, or few channels, the atomic mode's walk
+//    with the engine's partials where a destination needs them (PlaneScatter: no records, no
+//    sort); otherwise the gather engine (src/internal/gather_backward_cpu.h) per chunk of images;
+//    both give the engine's bits (exact_path);
 //  - grad_grid: threads take grid points, each sums over the channels in order (NCHW: channels
-//    outermost over a piece of points, each point with its own sums: the one place that repeats
-//    a body's arithmetic, grid_sample_grad_grid_point's per-channel step, which cannot take the
-//    channels outermost).
+//    outermost over a piece of points, each point with its own sums, float32 bilinear in vector
+//    lanes; each channel's step is detail::grid_grad_grid_add, as grid_sample_grad_grid_point's).
 // No result depends on the thread count or the layout.
 #include <algorithm>
 #include <cstdint>
@@ -241,6 +240,26 @@ void for_each_lane_point(const GridSampleCpuKernels& kernels, const detail::Grid
   }
 }
 
+/// The atomic mode's walk of an item over lanes: image n's planes [c0, c1) of grad_input `gi`
+/// (dense), each record added where it lands, every plane seeing its points in grid order; with
+/// `count` (H * W zeros), plane c0's records are also counted per destination.
+void add_item_lanes(const GridSampleCpuKernels& kernels, const detail::GridSampleBackwardArgs<float>& a,
+                    std::int64_t n, std::int64_t c0, std::int64_t c1, float* gi, GridLanes& lanes,
+                    std::int32_t* count) {
+  for_each_lane_point(kernels, a.g, n, c0, c1, lanes,
+                      [&](std::int64_t c, std::int64_t ho, std::int64_t wo, const std::int32_t* o, const float* w) {
+                        float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+                        const float gv = a.grad_output[n * a.go.s0 + c * a.go.s1 + ho * a.go.s2 + wo * a.go.s3];
+                        for (int k = 0; k < 4; ++k) {
+                          const std::int32_t d = o[k * kLaneBlock];
+                          if (d >= 0) plane[d] = plane[d] + gv * w[k * kLaneBlock];
+                        }
+                        if (count != nullptr && c == c0)
+                          for (int k = 0; k < 4; ++k)
+                            if (o[k * kLaneBlock] >= 0) ++count[o[k * kLaneBlock]];
+                      });
+}
+
 /// Atomic mode: threads own (image, group of channels) items, so each grad_input plane has one
 /// writer; an item walks the grid points in order for each of its planes (the order of CUDA's
 /// thread indices within a plane, so the two backends add the same values; only CUDA's
@@ -259,17 +278,7 @@ void scatter_backward(const GridSampleCall& call, const Context& ctx) {
         GridLanes lanes;
         for (std::int64_t item = lo; item < hi; ++item) {
           const std::int64_t g = item % groups, n = item / groups;
-          for_each_lane_point(kernels, a.g, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), lanes,
-                              [&](std::int64_t c, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
-                                  const float* w) {
-                                float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
-                                const float gv =
-                                    a.grad_output[n * a.go.s0 + c * a.go.s1 + ho * a.go.s2 + wo * a.go.s3];
-                                for (int k = 0; k < 4; ++k) {
-                                  const std::int32_t d = o[k * kLaneBlock];
-                                  if (d >= 0) plane[d] = plane[d] + gv * w[k * kLaneBlock];
-                                }
-                              });
+          add_item_lanes(kernels, a, n, g * kGroup, std::min(s.C, (g + 1) * kGroup), gi, lanes, nullptr);
         }
       });
       return;
@@ -393,14 +402,13 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
   if constexpr (std::is_same_v<T, float>) {
     if (use_lanes) {  // the points from lanes, each plane's in grid order; grad_input's planes dense
       const GridSampleCpuKernels& kernels = cpu_kernels(ctx);
-      const std::int64_t plane_size = positions;
       const auto walk = [&](ScatterThread<A>& state, std::int64_t lo, std::int64_t hi) {
         PlaneScatter<A>& scatter = state.scatter;
         std::vector<std::int32_t>& counts = state.counts;
-        const auto add_plane = [&](std::int64_t n, std::int64_t c, bool counted) {
+        const auto add_plane = [&](std::int64_t n, std::int64_t c) {  // with PlaneScatter's partials
           float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
           const float* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
-          scatter.next_plane(counted);
+          scatter.next_plane();
           for_each_lane_point(kernels, a.g, n, c, c + 1, state.lanes,
                               [&](std::int64_t, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
                                   const float* w) {
@@ -415,36 +423,20 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
         for (std::int64_t item = lo; item < hi; ++item) {
           const std::int64_t g = item % groups, n = item / groups;
           const std::int64_t c0 = g * kGroup, c1 = std::min(s.C, (g + 1) * kGroup);
-          // The first plane optimistically: each record added where it lands (what PlaneScatter
-          // does while no destination has reached a second partial) and counted per destination.
-          // If none received more than kGatherPartial records, that is the engine's sum, and the
-          // image's other planes (the same records) add the same way; otherwise the plane is
-          // cleared and every plane of the item runs PlaneScatter's partials.
+          // The item's planes optimistically, block by block as the atomic mode walks them (each
+          // plane still sees its points in grid order): each record added where it lands, which is
+          // PlaneScatter's sum while no destination has reached a second partial, and the first
+          // plane's records counted per destination (the other planes have the same records). If
+          // none received more than kGatherPartial, every plane has the engine's sums; otherwise
+          // the item's planes are cleared and each runs PlaneScatter's partials.
           std::fill(counts.begin(), counts.end(), 0);
-          {
-            float* plane = gi + n * a.gi.s0 + c0 * a.gi.s1;
-            const float* go = a.grad_output + n * a.go.s0 + c0 * a.go.s1;
-            std::int32_t* count = counts.data();
-            for_each_lane_point(kernels, a.g, n, c0, c0 + 1, state.lanes,
-                                [&](std::int64_t, std::int64_t ho, std::int64_t wo, const std::int32_t* o,
-                                    const float* w) {
-                                  const float gv = go[ho * a.go.s2 + wo * a.go.s3];
-                                  for (int k = 0; k < 4; ++k) {
-                                    const std::int32_t d = o[k * kLaneBlock];
-                                    if (d >= 0) {
-                                      plane[d] = plane[d] + gv * w[k * kLaneBlock];
-                                      ++count[d];
-                                    }
-                                  }
-                                });
+          add_item_lanes(kernels, a, n, c0, c1, gi, state.lanes, counts.data());
+          if (*std::max_element(counts.begin(), counts.end()) <= detail::kGatherPartial) continue;
+          for (std::int64_t c = c0; c < c1; ++c) {
+            float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
+            std::fill(plane, plane + positions, 0.0f);
+            add_plane(n, c);
           }
-          const bool counted = *std::max_element(counts.begin(), counts.end()) <= detail::kGatherPartial;
-          if (!counted) {
-            float* plane = gi + n * a.gi.s0 + c0 * a.gi.s1;
-            std::fill(plane, plane + plane_size, 0.0f);
-            add_plane(n, c0, false);
-          }
-          for (std::int64_t c = c0 + 1; c < c1; ++c) add_plane(n, c, counted);
         }
       };
       run_owned(call.op, s.N * groups, ctx.resolved_threads(), scatter_thread_bytes<T>(s), make,
@@ -512,19 +504,22 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
             [&] { zero_fill<T>(call.grad_input, ctx); }, walk);
 }
 
-/// Which exact path the CPU backend runs (either gives the same bits). The scatter where few
-/// channels share the records (fewer than a walk's group): there the engine's sequential sort
-/// and its records cost more than the sums (Mask2Former's point loss, one channel: the scatter
-/// 2.4x faster, within 1.35x of the atomic mode). The engine with many channels, where its sort
-/// is paid once for all of them and its sums run in parallel over destinations (RT-DETR's
-/// decoder, 256 channels: the engine 1.2-1.5x faster), where channels-last rows vectorize its
-/// sums, and where a thread's scatter state would pass kScatterThreadBytes (a large map).
+/// Which exact path the CPU backend runs (either gives the same bits). The scatter where its walk
+/// is the atomic mode's: float32 bilinear on dense NCHW planes (the points from lanes, every plane
+/// of an item added without counting once its first plane shows no destination past a partial:
+/// Mask2Former's point loss and RT-DETR's decoder, 256 channels, as fast as the atomic mode,
+/// the decoder 2x faster than the engine), and elsewhere where few channels share the records
+/// (fewer than a walk's group: the engine's sequential sort and its records cost more than the
+/// sums). The engine with many channels otherwise (its sort paid once for all of them, its sums in
+/// parallel over destinations: bfloat16's decoder 1.3x faster than the scatter), where
+/// channels-last rows vectorize its sums, and where a thread's scatter state would pass
+/// kScatterThreadBytes (a large map).
 CpuExactPath exact_path(const GridSampleCall& call) {
   const bool rows = channels_innermost(call.grad_input) && channels_innermost(call.grad_output) && call.shape.C > 1;
   const std::size_t bytes =
       dispatch_floating(call.input.dtype, [&](auto tag) { return scatter_thread_bytes<decltype(tag)>(call.shape); });
-  return !rows && call.shape.C < kGroup && bytes <= kScatterThreadBytes ? CpuExactPath::kScatter
-                                                                          : CpuExactPath::kEngine;
+  const bool walk = backward_lanes_apply(call) || call.shape.C < kGroup;
+  return !rows && walk && bytes <= kScatterThreadBytes ? CpuExactPath::kScatter : CpuExactPath::kEngine;
 }
 
 /// Grid points an NCHW grad_grid piece holds (their corners and two sums each).
@@ -536,6 +531,55 @@ constexpr std::int64_t kGradGridPiece = 4096;
 /// outermost, so each plane is read in one pass rather than once per point; every point still
 /// adds its channels in order with the operations of grid_sample_grad_grid_point (the emulated
 /// test holds the two to the byte).
+/// grad_grid of float32 bilinear points on NCHW planes, channels in vector lanes' reach: per piece
+/// of an image's points, each point's corner offsets, distances and multipliers once, then every
+/// channel's plane in order, lane_grad_grid adding its terms to each point's sums. A point's sums
+/// see its channels in order whatever the lanes, so they have the scalar path's bits.
+void grad_grid_lanes(const GridSampleCall& call, const Context& ctx) {
+  const detail::GridSampleBackwardArgs<float> a = grid_sample_backward_args<float>(call, false);
+  const GridSampleShape& s = call.shape;
+  const GridSampleStrides gg = gs_strides(call.grad_grid);
+  const GridSampleCpuKernels& kernels = cpu_kernels(ctx);
+  const std::int64_t plane_points = s.Ho * s.Wo;
+  constexpr std::int64_t P = kGradGridPiece;
+  parallel_for(s.N * plane_points, point_grain(s.C), ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
+    std::vector<std::int32_t> o(4 * P);
+    std::vector<float> f(7 * P);  // dx, dy, x and y multipliers, sums x and y, grad_output
+    float *const dx = f.data(), *const dy = dx + P, *const mx = dy + P, *const my = mx + P, *const sx = my + P,
+                 *const sy = sx + P, *const gbuf = sy + P;
+    std::vector<std::int64_t> go_at(static_cast<std::size_t>(P));
+    for (std::int64_t t0 = lo; t0 < hi;) {
+      const std::int64_t n = t0 / plane_points, q0 = t0 % plane_points;
+      const std::int64_t len = std::min({hi - t0, plane_points - q0, P});
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t ho = (q0 + i) / s.Wo, wo = (q0 + i) % s.Wo;
+        const GridPoint<float> p = detail::grid_sample_point(a.g, n, ho, wo);  // bilinear: four corners
+        for (int k = 0; k < 4; ++k)
+          o[k * P + i] = p.valid[k] ? static_cast<std::int32_t>(p.iy[k] * a.g.in.s2 + p.ix[k] * a.g.in.s3) : -1;
+        dx[i] = p.dx, dy[i] = p.dy, mx[i] = p.gx_mult, my[i] = p.gy_mult;
+        go_at[static_cast<std::size_t>(i)] = ho * a.go.s2 + wo * a.go.s3;
+        sx[i] = 0.0f, sy[i] = 0.0f;
+      }
+      // grad_output's values of the piece lie in a row when its points continue one another
+      const bool row = a.go.s3 == 1 && (a.go.s2 == s.Wo || q0 / s.Wo == (q0 + len - 1) / s.Wo);
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        const float* plane = a.g.input + n * a.g.in.s0 + c * a.g.in.s1;
+        const float* go = a.grad_output + n * a.go.s0 + c * a.go.s1;
+        if (!row)
+          for (std::int64_t i = 0; i < len; ++i) gbuf[i] = go[go_at[static_cast<std::size_t>(i)]];
+        kernels.grad_grid_lanes(plane, len, o.data(), o.data() + P, o.data() + 2 * P, o.data() + 3 * P, dx, dy,
+                                row ? go + go_at[0] : gbuf, sx, sy);
+      }
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t ho = (q0 + i) / s.Wo, wo = (q0 + i) % s.Wo, off = n * gg.s0 + ho * gg.s1 + wo * gg.s2;
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off, sx[i] * mx[i]);
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off + gg.s3, sy[i] * my[i]);
+      }
+      t0 += len;
+    }
+  });
+}
+
 template <class T>
 void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
   using A = acc_t<T>;
@@ -550,6 +594,9 @@ void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
                      detail::grid_sample_grad_grid_element(t, a, call.grad_grid.data, call.grad_grid.dtype, gg);
                  });
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (lanes_fit(call, call.input)) return grad_grid_lanes(call, ctx);
   }
   const std::int64_t plane_points = s.Ho * s.Wo;
   const auto grad_grid_range = [&](std::int64_t lo, std::int64_t hi) DETOPS_GRID_FLATTEN {
@@ -578,10 +625,8 @@ void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
           A v[4];
           for (int k = 0; k < 4; ++k)
             v[k] = p.valid[k] ? to_acc(plane[p.iy[k] * a.g.in.s2 + p.ix[k] * a.g.in.s3]) : A(0);
-          const A g = to_acc(go[q.ho * a.go.s2 + q.wo * a.go.s3]);
-          const A ex = A(1) - p.dx, sy = A(1) - p.dy;
-          sum_x[i] = detail::fma_(detail::fma_(v[3] - v[2], p.dy, (v[1] - v[0]) * sy), g, sum_x[i]);
-          sum_y[i] = detail::fma_(detail::fma_(v[3] - v[1], p.dx, (v[2] - v[0]) * ex), g, sum_y[i]);
+          detail::grid_grad_grid_add(v[0], v[1], v[2], v[3], p.dx, p.dy, to_acc(go[q.ho * a.go.s2 + q.wo * a.go.s3]),
+                                     sum_x[i], sum_y[i]);
         }
       }
       for (std::size_t i = 0; i < size; ++i) {

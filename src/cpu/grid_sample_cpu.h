@@ -76,6 +76,11 @@ struct GridSampleCpuKernels {
   /// with strides (sh, sw): the backward's walks take their points from here.
   void (*fill_block)(const detail::GridSampleArgs<float>& a, std::int64_t n, std::int64_t t0, std::int64_t m,
                      std::int64_t sh, std::int64_t sw, GridLanes& lanes);
+  /// grad_grid: one channel's terms (detail::grid_grad_grid_add) of m bilinear points, corner k's
+  /// offset in `plane` at ok[i] (-1 off the map), added to sum_x[i] and sum_y[i].
+  void (*grad_grid_lanes)(const float* plane, std::int64_t m, const std::int32_t* o0, const std::int32_t* o1,
+                          const std::int32_t* o2, const std::int32_t* o3, const float* dx, const float* dy,
+                          const float* g, float* sum_x, float* sum_y);
 };
 
 }  // namespace

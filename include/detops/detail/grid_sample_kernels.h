@@ -140,10 +140,8 @@ DETOPS_HOST_DEVICE inline void grid_sample_scatter_element(std::int64_t t, const
     if (p.valid[k]) add(base + p.iy[k] * a.gi.s2 + p.ix[k] * a.gi.s3, g * p.weight[k]);
 }
 
-/// d(loss)/d(grid) of one bilinear point, summed over channels in order (PyTorch's expression:
-/// the corner differences weighted by the other axis' distances, times grad_output, then the
-/// multipliers, with PyTorch's CPU kernel's fused multiply-adds); 0 for nearest and for a point
-/// that samples nothing.
+/// d(loss)/d(grid) of one bilinear point: grid_grad_grid_add over the channels in order, then the
+/// multipliers; 0 for nearest and for a point that samples nothing.
 template <class T>
 DETOPS_HOST_DEVICE inline void grid_sample_grad_grid_point(const GridSampleBackwardArgs<T>& a, std::int64_t n,
                                                            std::int64_t ho, std::int64_t wo,
@@ -155,7 +153,6 @@ DETOPS_HOST_DEVICE inline void grid_sample_grad_grid_point(const GridSampleBackw
     *gy_out = A(0);
     return;
   }
-  const A ex = A(1) - p.dx, sy = A(1) - p.dy;
   std::int64_t off[4];
   for (int k = 0; k < 4; ++k) off[k] = p.iy[k] * a.g.in.s2 + p.ix[k] * a.g.in.s3;
   A gx = A(0), gy = A(0);
@@ -164,9 +161,7 @@ DETOPS_HOST_DEVICE inline void grid_sample_grad_grid_point(const GridSampleBackw
     const T* plane = a.g.input + n * a.g.in.s0 + c * a.g.in.s1;
     A v[4];
     for (int k = 0; k < 4; ++k) v[k] = p.valid[k] ? to_acc(plane[off[k]]) : A(0);
-    const A g = to_acc(go[c * a.go.s1]);
-    gx = fma_(fma_(v[3] - v[2], p.dy, (v[1] - v[0]) * sy), g, gx);
-    gy = fma_(fma_(v[3] - v[1], p.dx, (v[2] - v[0]) * ex), g, gy);
+    grid_grad_grid_add(v[0], v[1], v[2], v[3], p.dx, p.dy, to_acc(go[c * a.go.s1]), gx, gy);
   }
   *gx_out = gx * p.gx_mult;
   *gy_out = gy * p.gy_mult;

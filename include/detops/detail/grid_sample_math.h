@@ -231,6 +231,16 @@ DETOPS_HOST_DEVICE inline A grid_bilinear_sum(A v0, A v1, A v2, A v3, A w0, A w1
   return fma_(v3, w3, fma_(v2, w2, fma_(v1, w1, v0 * w0)));
 }
 
+/// One channel's term of a bilinear point's grad_grid, added to (gx, gy): the corner differences
+/// weighted by the other axis' distances, times grad_output g (PyTorch's expression, with its CPU
+/// kernel's fused multiply-adds); the channels are added in order.
+template <class A>
+DETOPS_HOST_DEVICE inline void grid_grad_grid_add(A v0, A v1, A v2, A v3, A dx, A dy, A g, A& gx, A& gy) {
+  const A ex = A(1) - dx, sy = A(1) - dy;
+  gx = fma_(fma_(v3 - v2, dy, (v1 - v0) * sy), g, gx);
+  gy = fma_(fma_(v3 - v1, dx, (v2 - v0) * ex), g, gy);
+}
+
 /// Grid value `which` (0: x, 1: y) of a grid in any floating dtype, as double (exact).
 DETOPS_HOST_DEVICE inline double load_grid_value(const void* data, DType dtype, std::int64_t offset) {
   switch (dtype) {
