@@ -187,6 +187,29 @@ TEST(CpuExactPaths, GridSampleEngineAndScatterGiveTheSameBits) {
   EXPECT_GT(compared, 0);
 }
 
+TEST(CpuExactPaths, GridSampleScatterBoundIsTight) {
+  // The float32 scatter adds without partials when 4 x (the most points counted at one pixel)
+  // <= 256 (records_bounded). Here pixel d = (2, 2) of a 6 x 6 map is each of a point's four
+  // corners for 65 points apiece: 260 records, each group counted at a different pixel (65 each).
+  // A factor below 4 would skip the partials that d's 260 records need.
+  GridSampleOptions o;
+  o.align_corners = true;  // pixel = (g + 1) / 2 * 5
+  for (std::int64_t C : {1, 3}) {
+    test::GridSampleProblem p = test::make_grid_problem(1, C, 6, 6, 1, 260, o, 77);
+    for (std::int64_t i = 0; i < 260; ++i) {
+      const std::int64_t group = i / 65;  // d as nw, ne, sw, se
+      const double f = 0.1 + 0.8 * static_cast<double>(i % 65) / 65.0;
+      const double x = (group & 1 ? 1.0 : 2.0) + f, y = (group & 2 ? 1.0 : 2.0) + (1.0 - f);
+      p.grid[static_cast<std::size_t>(2 * i)] = x / 2.5 - 1.0;
+      p.grid[static_cast<std::size_t>(2 * i + 1)] = y / 2.5 - 1.0;
+    }
+    const test::GridSampleTensors t = test::grid_tensors(p, DType::kFloat32, DType::kFloat32, Layout::kNCHW);
+    const Tensor engine = run_grid_path(t, p, Layout::kNCHW, CpuExactPath::kEngine, 1);
+    const Tensor scatter = run_grid_path(t, p, Layout::kNCHW, CpuExactPath::kScatter, 1);
+    EXPECT_TRUE(test::same_bytes(scatter, engine)) << C << " channels";
+  }
+}
+
 // ---- multi-scale deformable attention ------------------------------------------------------
 
 struct MsdaCase {

@@ -242,7 +242,8 @@ void for_each_lane_point(const GridSampleCpuKernels& kernels, const detail::Grid
 
 /// The atomic mode's walk of an item over lanes: image n's planes [c0, c1) of grad_input `gi`
 /// (dense), each record added where it lands, every plane seeing its points in grid order; with
-/// `count` (H * W zeros), plane c0's records are also counted per destination.
+/// `count` (H * W zeros), each point with a corner on the map is counted once, at its last such
+/// corner (see records_bounded).
 void add_item_lanes(const GridSampleCpuKernels& kernels, const detail::GridSampleBackwardArgs<float>& a,
                     std::int64_t n, std::int64_t c0, std::int64_t c1, float* gi, GridLanes& lanes,
                     std::int32_t* count) {
@@ -254,10 +255,21 @@ void add_item_lanes(const GridSampleCpuKernels& kernels, const detail::GridSampl
                           const std::int32_t d = o[k * kLaneBlock];
                           if (d >= 0) plane[d] = plane[d] + gv * w[k * kLaneBlock];
                         }
-                        if (count != nullptr && c == c0)
-                          for (int k = 0; k < 4; ++k)
-                            if (o[k * kLaneBlock] >= 0) ++count[o[k * kLaneBlock]];
+                        if (count != nullptr && c == c0) {
+                          const std::int32_t last = std::max(std::max(o[0], o[kLaneBlock]),
+                                                             std::max(o[2 * kLaneBlock], o[3 * kLaneBlock]));
+                          if (last >= 0) ++count[last];
+                        }
                       });
+}
+
+/// Whether no destination of a plane can receive more than kGatherPartial records, from `count`
+/// (add_item_lanes'). A point is counted at m, its on-map corner of largest offset (rows of W: the
+/// corner furthest down, then right). For a destination d that receives a record from it: d as
+/// nw gives m = d, d + 1, d + W or d + W + 1; as ne, d or d + W (se, when the row below is on the
+/// map); as sw, d or d + 1; as se, d. So d has at most four counts' worth of records.
+bool records_bounded(const std::vector<std::int32_t>& count) {
+  return 4 * static_cast<std::int64_t>(*std::max_element(count.begin(), count.end())) <= detail::kGatherPartial;
 }
 
 /// Atomic mode: threads own (image, group of channels) items, so each grad_input plane has one
@@ -425,13 +437,13 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
           const std::int64_t c0 = g * kGroup, c1 = std::min(s.C, (g + 1) * kGroup);
           // The item's planes optimistically, block by block as the atomic mode walks them (each
           // plane still sees its points in grid order): each record added where it lands, which is
-          // PlaneScatter's sum while no destination has reached a second partial, and the first
-          // plane's records counted per destination (the other planes have the same records). If
-          // none received more than kGatherPartial, every plane has the engine's sums; otherwise
-          // the item's planes are cleared and each runs PlaneScatter's partials.
+          // PlaneScatter's sum while no destination has reached a second partial, and the points
+          // counted (the planes share their records). If no destination can have received more
+          // than kGatherPartial, every plane has the engine's sums; otherwise the item's planes are
+          // cleared and each runs PlaneScatter's partials.
           std::fill(counts.begin(), counts.end(), 0);
           add_item_lanes(kernels, a, n, c0, c1, gi, state.lanes, counts.data());
-          if (*std::max_element(counts.begin(), counts.end()) <= detail::kGatherPartial) continue;
+          if (records_bounded(counts)) continue;
           for (std::int64_t c = c0; c < c1; ++c) {
             float* plane = gi + n * a.gi.s0 + c * a.gi.s1;
             std::fill(plane, plane + positions, 0.0f);
