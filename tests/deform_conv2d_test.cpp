@@ -135,14 +135,24 @@ TEST(DeformConv2d, ExactIsBitwiseAcrossRunsThreadsAndLayouts) {
 }
 
 TEST(DeformConv2d, InstructionSetVariantsGiveTheSameBits) {
-  const DeformConv2dProblem p = crowded_problem();
-  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
-    const DeformConv2dRun base =
-        test::run_deform_conv2d(p, dt, Layout::kNCHW, BackwardMode::kExact, 2, Device::cpu(), CpuIsa::kBaseline);
-    for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-      if (static_cast<int>(isa) > static_cast<int>(cpu_isa_supported())) continue;
-      expect_same_run(test::run_deform_conv2d(p, dt, Layout::kNCHW, BackwardMode::kExact, 2, Device::cpu(), isa), base,
-                      std::string(dtype_name(dt)) + " " + cpu_isa_name(isa));
+  // The crowded problem (blocks only partly filled), and one whose GEMMs fill whole blocks of every
+  // variant (8 rows by up to 32 columns) with some left over, over more than one slice of k (256):
+  // 2 groups of 32 input channels x 9 taps (k = 288 in the forward), 10 output channels each, 11 x 9
+  // positions.
+  DeformConv2dOptions o{};
+  o.pad_h = o.pad_w = 1;
+  const DeformConv2dProblem wide = test::make_deform_problem({2, 64, 11, 9, 20, 3, 3, 2, 1, o, true, true}, 310, 1.5);
+  for (const DeformConv2dProblem& p : {crowded_problem(), wide}) {
+    for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+      const DeformConv2dRun base =
+          test::run_deform_conv2d(p, dt, Layout::kNCHW, BackwardMode::kExact, 2, Device::cpu(), CpuIsa::kBaseline);
+      for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+        if (static_cast<int>(isa) > static_cast<int>(cpu_isa_supported())) continue;
+        const std::string what = std::to_string(p.Cin) + " channels " + std::string(dtype_name(dt)) + " " +
+                                 cpu_isa_name(isa);
+        expect_same_run(test::run_deform_conv2d(p, dt, Layout::kNCHW, BackwardMode::kExact, 2, Device::cpu(), isa),
+                        base, what);
+      }
     }
   }
 }

@@ -12,6 +12,7 @@
 // No result depends on the thread count, the layout or the instruction set.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "internal/common.h"
@@ -93,11 +94,17 @@ void build_columns(const detail::DeformConv2dArgs<T>& a, std::int64_t n0, std::i
   });
 }
 
-/// weight widened to A, [Cout, Rg].
+/// weight widened to A, [Cout, Rg] (a contiguous weight of A is that layout already: a copy).
 template <class T>
 void widen_weight(const DeformConv2dCall& call, acc_t<T>* w, const Context& ctx) {
   const DeformConv2dShape& s = call.shape;
   const T* weight = static_cast<const T*>(call.weight.data);
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    if (call.weight.is_contiguous()) {
+      std::copy(weight, weight + s.Cout * s.group_in() * s.taps(), w);
+      return;
+    }
+  }
   const Strides4 ws = dc_strides(call.weight);
   for_each(s.Cout * s.group_in() * s.taps(), 4096, ctx,
            [&](std::int64_t t) { detail::deform_conv2d_weight_element(t, weight, ws, s, w); });
