@@ -12,6 +12,7 @@
 // No result depends on the thread count, the layout or the instruction set.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -20,13 +21,24 @@
 #include "internal/deform_conv2d_backend.h"
 #include "internal/gather_backward_cpu.h"
 
+#if DETOPS_X86_ISA_VARIANTS
+#include <immintrin.h>  // the gathers of lane_columns' AVX2 and AVX-512 variants
+#endif
+
 namespace detops {
 namespace internal {
+
+/// How a sampling point samples in lane_columns: the bilinear sum, 0 (outside), or NaN.
+constexpr std::int32_t kDeformInside = 0, kDeformOutside = 1, kDeformNaN = 2;
 
 /// The per-instruction-set entry points (deform_conv2d_cpu_kernels.inc).
 struct DeformCpuKernels {
   void (*gemm_f32)(const detail::DeformGemmArgs<float>& g, int threads);
   void (*gemm_f64)(const detail::DeformGemmArgs<double>& g, int threads);
+  /// One channel's float32 column values of m points (see lane_columns).
+  void (*columns_f32)(const float* plane, std::int64_t m, const std::int32_t* o0, const std::int32_t* o1,
+                      const std::int32_t* o2, const std::int32_t* o3, const float* w0, const float* w1,
+                      const float* w2, const float* w3, const float* mk, const std::int32_t* state, float* out);
 };
 
 #define DETOPS_CPU_KERNELS_FILE "deform_conv2d_cpu_kernels.inc"
@@ -57,6 +69,65 @@ void for_each(std::int64_t n, std::int64_t grain, const Context& ctx, const Body
 /// Positions whose corners one item of the column walk computes at once.
 constexpr std::int64_t kPiece = 256;
 
+/// An item of the column walks: image b of the chunk, offset group g, tap, and the piece of
+/// positions [p0, p0 + len) (items run pieces fastest, then taps, groups, images).
+struct ColumnItem {
+  std::int64_t b, g, tap, p0, len;
+  ColumnItem(std::int64_t item, std::int64_t pieces, std::int64_t taps, std::int64_t og, std::int64_t P)
+      : b(item / (pieces * taps * og)),
+        g((item / (pieces * taps)) % og),
+        tap((item / pieces) % taps),
+        p0((item % pieces) * kPiece),
+        len(std::min(kPiece, P - p0)) {}
+};
+
+/// build_columns' [R, Q] layout for float32 with every pixel offset of a plane within 32 bits: per
+/// item, each point's corner offsets (-1 off the map or when it samples nothing), weights, mask
+/// and state once, then every channel of the offset group through lane_columns (vector lanes over
+/// the points, which a channel's row holds in order; deform_sample's value, bit for bit). (The
+/// transposed layout keeps the scalar walk: written a channel at a time, its stride costs more
+/// than the lanes save.)
+void columns_in_lanes(const detail::DeformConv2dArgs<float>& a, std::int64_t n0, std::int64_t images, float* col,
+                      const Context& ctx) {
+  const DeformConv2dShape& s = a.s;
+  const std::int64_t P = s.positions(), taps = s.taps(), Q = images * P;
+  const std::int64_t og = s.offset_groups, cg = s.offset_group_channels();
+  const std::int64_t pieces = (P + kPiece - 1) / kPiece;
+  const DeformCpuKernels& kernels = cpu_kernels(ctx);
+  parallel_for(images * og * taps * pieces, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
+    constexpr std::int64_t B = kPiece;
+    std::vector<std::int32_t> ints(5 * B);  // corner offsets k at [k * B, (k + 1) * B), then states
+    std::vector<float> floats(5 * B);       // weights k at [k * B, (k + 1) * B), then masks
+    std::int32_t *const o = ints.data(), *const state = o + 4 * B;
+    float *const w = floats.data(), *const mk = w + 4 * B;
+    for (std::int64_t item = lo; item < hi; ++item) {
+      const ColumnItem it(item, pieces, taps, og, P);
+      const std::int64_t tap = it.tap, g = it.g, b = it.b, n = n0 + b, p0 = it.p0, len = it.len;
+      for (std::int64_t i = 0; i < len; ++i) {
+        const std::int64_t p = p0 + i;
+        const DeformCoord<float> pt = detail::deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);
+        const DeformCorners<float> k = detail::deform_corners(pt.y, pt.x, s.H, s.W);
+        state[i] = k.nan ? kDeformNaN : k.inside ? kDeformInside : kDeformOutside;
+        float wk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (state[i] == kDeformInside) detail::deform_bilinear_weights(k, wk);
+        for (int c = 0; c < 4; ++c) {
+          const std::int64_t yy = k.y0 + (c >> 1), xx = k.x0 + (c & 1);
+          const bool read = state[i] == kDeformInside && k.valid[c];
+          o[c * B + i] = read ? static_cast<std::int32_t>(yy * a.in.s2 + xx * a.in.s3) : -1;
+          w[c * B + i] = wk[c];
+        }
+        mk[i] = pt.m;
+      }
+      const std::int64_t q0 = b * P + p0;
+      for (std::int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+        const float* plane = a.input + n * a.in.s0 + c * a.in.s1;
+        kernels.columns_f32(plane, len, o, o + B, o + 2 * B, o + 3 * B, w, w + B, w + 2 * B, w + 3 * B, mk, state,
+                            col + (c * taps + tap) * Q + q0);
+      }
+    }
+  });
+}
+
 /// The columns of the chunk at n0 (Q columns): [R, Q], or [Q, R] when `transposed`. Items are
 /// (image, offset group, tap, piece of positions): the piece's points once, then each channel
 /// of the group reads its four corners (deform_sample's arithmetic, the column body's value).
@@ -68,13 +139,17 @@ void build_columns(const detail::DeformConv2dArgs<T>& a, std::int64_t n0, std::i
   const std::int64_t P = s.positions(), taps = s.taps(), R = s.rows(), Q = images * P;
   const std::int64_t og = s.offset_groups, cg = s.offset_group_channels();
   const std::int64_t pieces = (P + kPiece - 1) / kPiece;
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+    const bool fits = (s.H - 1) * a.in.s2 + (s.W - 1) * a.in.s3 < kMax;
+    if (!transposed && fits) return columns_in_lanes(a, n0, images, col, ctx);
+  }
   parallel_for(images * og * taps * pieces, 1, ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
     std::vector<DeformCoord<A>> coords(static_cast<std::size_t>(kPiece));
     std::vector<DeformCorners<A>> corners(static_cast<std::size_t>(kPiece));
     for (std::int64_t item = lo; item < hi; ++item) {
-      const std::int64_t piece = item % pieces, tap = (item / pieces) % taps, g = (item / (pieces * taps)) % og;
-      const std::int64_t b = item / (pieces * taps * og), n = n0 + b;
-      const std::int64_t p0 = piece * kPiece, len = std::min(kPiece, P - p0);
+      const ColumnItem it(item, pieces, taps, og, P);
+      const std::int64_t tap = it.tap, g = it.g, b = it.b, n = n0 + b, p0 = it.p0, len = it.len;
       for (std::int64_t i = 0; i < len; ++i) {
         const std::int64_t p = p0 + i;
         coords[i] = detail::deform_coord(a, n, g, tap, p / s.Wo, p % s.Wo);

@@ -101,14 +101,31 @@ DETOPS_HOST_DEVICE inline void deform_corner_values(const DeformCorners<A>& c, c
   }
 }
 
+/// torchvision's bilinear weights of the corners: hy * hx, hy * lx, ly * hx, ly * lx.
+template <class A>
+DETOPS_HOST_DEVICE inline void deform_bilinear_weights(const DeformCorners<A>& c, A w[4]) {
+  const A hy = A(1) - c.ly, hx = A(1) - c.lx;
+  w[0] = hy * hx;
+  w[1] = hy * c.lx;
+  w[2] = c.ly * hx;
+  w[3] = c.ly * c.lx;
+}
+
+/// The bilinear sum w0 v00 + w1 v01 + w2 v10 + w3 v11, left to right.
+template <class A>
+DETOPS_HOST_DEVICE inline A deform_bilinear_sum(A w0, A w1, A w2, A w3, A v0, A v1, A v2, A v3) {
+  return w0 * v0 + w1 * v1 + w2 * v2 + w3 * v3;
+}
+
 /// torchvision's bilinear_interpolate from the corner values: hy * hx * v00 + hy * lx * v01 +
 /// ly * hx * v10 + ly * lx * v11, left to right; 0 outside; NaN at a NaN coordinate.
 template <class A>
 DETOPS_HOST_DEVICE inline A deform_bilinear(const DeformCorners<A>& c, const A v[4]) {
   if (c.nan) return std::numeric_limits<A>::quiet_NaN();
   if (!c.inside) return A(0);
-  const A hy = A(1) - c.ly, hx = A(1) - c.lx;
-  return hy * hx * v[0] + hy * c.lx * v[1] + c.ly * hx * v[2] + c.ly * c.lx * v[3];
+  A w[4];
+  deform_bilinear_weights(c, w);
+  return deform_bilinear_sum(w[0], w[1], w[2], w[3], v[0], v[1], v[2], v[3]);
 }
 
 /// torchvision's get_coordinate_weight: d(bilinear)/dy and d(bilinear)/dx from the corners
