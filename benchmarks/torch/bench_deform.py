@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-# CPU timings of detops' grid_sample, multi-scale deformable attention and deformable convolution against PyTorch's own (grid_sample, the pure composition) and torchvision's deform_conv2d, forward and forward+backward, one thread.
-"""detops_torch vs PyTorch on the CPU, one thread, median of --repeats timed calls per variant
-(variants interleaved within each repeat, after one warm-up call each).
+# CPU timings of detops' grid_sample, multi-scale deformable attention and deformable convolution against PyTorch's own (grid_sample, the pure composition) and torchvision's deform_conv2d, forward and forward+backward, on one thread and more.
+"""detops_torch vs PyTorch on the CPU, one thread (or each count of --threads, every side given
+the same), median of --repeats timed calls per variant (variants interleaved within each repeat,
+after one warm-up call each).
 
 Cases (float32):
   msda_dino4   multi-scale deformable attention at DINO-4scale's encoder shape for one image:
@@ -23,8 +24,10 @@ Variants: the baseline (torch's or torchvision's), detops exact, detops atomic. 
 ("fwd", no autograd) and forward + backward ("fwd+bwd", a fixed random output gradient).
 
     PYTHONPATH=build-torch/python /usr/bin/python3 benchmarks/torch/bench_deform.py OUT.json
-        [--repeats 5] [--quick] [--cases dcn_c4,dcn_c5]
-Writes OUT.json and the table as OUT.txt (OUT minus .json plus .txt), after every case.
+        [--repeats 5] [--quick] [--cases dcn_c4,dcn_c5] [--threads 1,2]
+Writes OUT.json and the table as OUT.txt (OUT minus .json plus .txt), after every case. With
+several thread counts each case runs at each (results "CASE" for the first count, "CASE/Nt" for
+the others) and the table adds every variant's scaling from the first count.
 """
 import argparse
 import json
@@ -158,16 +161,24 @@ def run_case(name, case, repeats):
 
 def table(results):
     # The baseline is each case's first variant: torch for grid_sample and ms_deform_attn,
-    # torchvision for deform_conv2d.
-    lines = [f"{'case':<14}{'phase':<9}{'base ms':>11}{'exact ms':>11}{'atomic ms':>11}{'base/exact':>12}"
-             f"{'base/atomic':>13}"]
+    # torchvision for deform_conv2d. Rows of a thread count after the first ("CASE/2t") add each
+    # variant's speed-up over the first count's row.
+    scaled = any("/" in name for name in results)
+    lines = [f"{'case':<17}{'phase':<9}{'base ms':>11}{'exact ms':>11}{'atomic ms':>11}{'base/exact':>12}"
+             f"{'base/atomic':>13}" + (f"{'scaling base/exact/atomic':>29}" if scaled else "")]
+    variants = ("detops exact", "detops atomic")
     for name, r in results.items():
         base = next(iter(r["ms"]))
+        first = results.get(name.split("/")[0]) if "/" in name else None
         for phase in ("fwd", "fwd+bwd"):
-            t, e, a = (r["ms"][v][phase]["median"] for v in (base, "detops exact", "detops atomic"))
-            lines.append(f"{name:<14}{phase:<9}{t:>11.2f}{e:>11.2f}{a:>11.2f}{t / e:>11.2f}x{t / a:>12.2f}x")
+            t, e, a = (r["ms"][v][phase]["median"] for v in (base, *variants))
+            line = f"{name:<17}{phase:<9}{t:>11.2f}{e:>11.2f}{a:>11.2f}{t / e:>11.2f}x{t / a:>12.2f}x"
+            if first is not None:
+                gains = [first["ms"][v][phase]["median"] / r["ms"][v][phase]["median"] for v in (base, *variants)]
+                line += f"{'':>8}" + " / ".join(f"{g:.2f}x" for g in gains)
+            lines.append(line)
     lines.append("")
-    lines += [f"{name}: base {next(iter(r['ms']))}; {r['shape']}" for name, r in results.items()]
+    lines += [f"{name}: base {next(iter(r['ms']))}; {r['shape']}" for name, r in results.items() if "/" not in name]
     return "\n".join(lines) + "\n"
 
 
@@ -188,11 +199,14 @@ def main():
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per variant and phase (median)")
     parser.add_argument("--quick", action="store_true",
                         help="the DINO case at a quarter of each level side, the DCN cases at half of each side")
+    parser.add_argument("--threads", default="1", help="comma-separated thread counts (default 1), each case at each")
     parser.add_argument("--cases", default="",
                         help="comma-separated case names to run (default: all): gs_rtdetr, gs_m2f_point, msda_dino4, "
                              + ", ".join(DCN_STAGES))
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    threads = [int(t) for t in args.threads.split(",")]
+    if not threads or min(threads) < 1:
+        parser.error(f"--threads: expected positive counts, got {args.threads!r}")
     levels = [(max(h // 4, 1), max(w // 4, 1)) for h, w in DINO_LEVELS] if args.quick else DINO_LEVELS
     cases = {
         "gs_rtdetr": lambda: grid_case((1, 256, 100, 167), (1, 300, 16, 2), (True, True), False),
@@ -210,19 +224,24 @@ def main():
     doc = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
                        "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
            "torch": torch.__version__, "torchvision": torchvision.__version__, "detops": detops_torch.__version__,
-           "torch_blas": blas_info(), "threads": 1, "repeats": args.repeats, "quick": args.quick,
+           "torch_blas": blas_info(), "threads": threads, "repeats": args.repeats, "quick": args.quick,
            "dtype": "float32", "results": {}}
     text_path = (args.out[:-5] if args.out.endswith(".json") else args.out) + ".txt"
+    counts = ", ".join(map(str, threads)) + (" thread" if threads == [1] else " threads")
     for name, make in cases.items():
-        doc["results"][name] = run_case(name, make(), args.repeats)
-        doc["machine"]["loadavg_end"] = os.getloadavg()
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
-        with open(text_path, "w") as f:
-            f.write(table(doc["results"]))
-            f.write(f"torch {doc['torch']} (BLAS {doc['torch_blas']}), torchvision {doc['torchvision']}, "
-                    f"{'quick, ' if args.quick else ''}1 thread, median of {args.repeats}\n")
-        print(table({name: doc["results"][name]}), end="", flush=True)
+        case = make()
+        for i, t in enumerate(threads):
+            torch.set_num_threads(t)  # detops_torch takes torch's count
+            key = name if i == 0 else f"{name}/{t}t"
+            doc["results"][key] = dict(run_case(key, case, args.repeats), threads=t)
+            doc["machine"]["loadavg_end"] = os.getloadavg()
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+            with open(text_path, "w") as f:
+                f.write(table(doc["results"]))
+                f.write(f"torch {doc['torch']} (BLAS {doc['torch_blas']}), torchvision {doc['torchvision']}, "
+                        f"{'quick, ' if args.quick else ''}{counts}, median of {args.repeats}\n")
+        print(table({k: r for k, r in doc["results"].items() if k.split("/")[0] == name}), end="", flush=True)
 
 
 if __name__ == "__main__":
