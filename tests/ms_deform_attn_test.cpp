@@ -205,9 +205,15 @@ TEST(MsDeformAttn, AtomicAgreesWithExactAndIsFixedOnTheCpu) {
   // the location and attention gradients do not depend on the mode
   EXPECT_TRUE(test::msda_same(e.loc, a.loc));
   EXPECT_TRUE(test::msda_same(e.attn, a.attn));
-  Context three;
-  three.num_threads = 3;
-  EXPECT_TRUE(test::msda_same(a.value, test::msda_run_backward(t, go, BackwardMode::kAtomic, false, three).value));
+  // 4 planes: up to 4 threads walk each plane once for both gradients, more take two passes
+  for (int threads : {1, 3, 8}) {
+    Context ctx;
+    ctx.num_threads = threads;
+    const MsdaGrads b = test::msda_run_backward(t, go, BackwardMode::kAtomic, false, ctx);
+    EXPECT_TRUE(test::msda_same(a.value, b.value)) << threads;
+    EXPECT_TRUE(test::msda_same(a.loc, b.loc)) << threads;
+    EXPECT_TRUE(test::msda_same(a.attn, b.attn)) << threads;
+  }
 }
 
 TEST(MsDeformAttn, ExactSpansSeveralChunksOfPlanes) {
