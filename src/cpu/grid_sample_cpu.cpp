@@ -517,14 +517,14 @@ void exact_scatter_backward(const GridSampleCall& call, const Context& ctx) {
 }
 
 /// Which exact path the CPU backend runs (either gives the same bits). The scatter where its walk
-/// is the atomic mode's: float32 bilinear on dense NCHW planes (the points from lanes, every plane
-/// of an item added without counting once its first plane shows no destination past a partial:
-/// Mask2Former's point loss and RT-DETR's decoder, 256 channels, as fast as the atomic mode,
-/// the decoder 2x faster than the engine), and elsewhere where few channels share the records
-/// (fewer than a walk's group: the engine's sequential sort and its records cost more than the
-/// sums). The engine with many channels otherwise (its sort paid once for all of them, its sums in
-/// parallel over destinations: bfloat16's decoder 1.3x faster than the scatter), where
-/// channels-last rows vectorize its sums, and where a thread's scatter state would pass
+/// is the atomic mode's: float32 bilinear on dense NCHW planes (the points from lanes, every
+/// record added where it lands unless records_bounded finds a destination that may need a
+/// partial: Mask2Former's point loss and RT-DETR's decoder, 256 channels, within 1.1x of the
+/// atomic mode, the decoder 2x faster than the engine), and elsewhere where few channels share
+/// the records (fewer than a walk's group: the engine's sequential sort and its records cost more
+/// than the sums). The engine with many channels otherwise (its sort paid once for all of them,
+/// its sums in parallel over destinations: bfloat16's decoder 1.3x faster than the scatter),
+/// where channels-last rows vectorize its sums, and where a thread's scatter state would pass
 /// kScatterThreadBytes (a large map).
 CpuExactPath exact_path(const GridSampleCall& call) {
   const bool rows = channels_innermost(call.grad_input) && channels_innermost(call.grad_output) && call.shape.C > 1;
@@ -537,12 +537,6 @@ CpuExactPath exact_path(const GridSampleCall& call) {
 /// Grid points an NCHW grad_grid piece holds (their corners and two sums each).
 constexpr std::int64_t kGradGridPiece = 4096;
 
-/// grad_grid: threads take ranges of grid points. NHWC, one channel or nearest: point by point,
-/// each summing over its channels (grid_sample_grad_grid_element). NCHW bilinear: a piece of one
-/// image's points at a time, corners computed once and sorted by row, then the channels
-/// outermost, so each plane is read in one pass rather than once per point; every point still
-/// adds its channels in order with the operations of grid_sample_grad_grid_point (the emulated
-/// test holds the two to the byte).
 /// grad_grid of float32 bilinear points on NCHW planes, channels in vector lanes' reach: per piece
 /// of an image's points, each point's corner offsets, distances and multipliers once, then every
 /// channel's plane in order, lane_grad_grid adding its terms to each point's sums. A point's sums
@@ -592,6 +586,12 @@ void grad_grid_lanes(const GridSampleCall& call, const Context& ctx) {
   });
 }
 
+/// grad_grid: threads take ranges of grid points. NHWC, one channel or nearest: point by point,
+/// each summing over its channels (grid_sample_grad_grid_element). NCHW bilinear: a piece of one
+/// image's points at a time, corners computed once (sorted by row, or in lanes for float32:
+/// grad_grid_lanes), then the channels outermost, so each plane is read in one pass rather than
+/// once per point; every point still adds its channels in order with grid_grad_grid_add, as
+/// grid_sample_grad_grid_point does (the emulated and lanes tests hold them to the byte).
 template <class T>
 void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
   using A = acc_t<T>;
