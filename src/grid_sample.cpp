@@ -24,6 +24,9 @@ const char* to_string(GridSamplePadding mode) {
   }
   return "unknown";
 }
+const char* to_string(GridSampleCoordinates coordinates) {
+  return coordinates == GridSampleCoordinates::kUnit ? "unit" : "normalized";
+}
 
 namespace {
 
@@ -47,6 +50,8 @@ void check_options(const char* op, const GridSampleOptions& o) {
   if (o.padding != GridSamplePadding::kZeros && o.padding != GridSamplePadding::kBorder &&
       o.padding != GridSamplePadding::kReflection)
     fail(kBad, "{}: padding {} is unknown; expected zeros, border or reflection", op, static_cast<int>(o.padding));
+  if (o.coordinates != GridSampleCoordinates::kNormalized && o.coordinates != GridSampleCoordinates::kUnit)
+    fail(kBad, "{}: coordinates {} is unknown; expected normalized or unit", op, static_cast<int>(o.coordinates));
 }
 
 /// input [N, C, H, W] (floating) and grid [N, Ho, Wo, 2] in input's dtype, float32 or float64.
@@ -97,6 +102,7 @@ detail::GridSampleShape make_shape(const TensorView& input, const TensorView& gr
   s.nearest = o.interpolation == GridSampleInterpolation::kNearest;
   s.padding = static_cast<int>(o.padding);
   s.align_corners = o.align_corners;
+  s.unit = o.coordinates == GridSampleCoordinates::kUnit;
   return s;
 }
 

@@ -155,7 +155,8 @@ Tensor run_grid_path(const test::GridSampleTensors& t, const test::GridSamplePro
   call.grad_output = t.grad_output.view();
   call.grad_input = gi.view();
   call.shape = {p.N, p.C, p.H, p.W, p.Ho, p.Wo, p.opt.interpolation == GridSampleInterpolation::kNearest,
-                static_cast<int>(p.opt.padding), p.opt.align_corners};
+                static_cast<int>(p.opt.padding), p.opt.align_corners,
+                p.opt.coordinates == GridSampleCoordinates::kUnit};
   test::PoisonedWorkspace ws(internal::grid_sample_cpu_exact_workspace(call, path));
   Context ctx;
   ctx.num_threads = threads;

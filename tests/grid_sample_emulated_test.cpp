@@ -39,7 +39,7 @@ Case make_case(DType dt, DType gdt, Layout layout, const GridSampleOptions& o, c
   c.p = test::make_grid_problem(z.N, z.C, z.H, z.W, z.Ho, z.Wo, o, 500, 2.5);
   c.t = test::grid_tensors(c.p, dt, gdt, layout);
   c.shape = {z.N, z.C, z.H, z.W, z.Ho, z.Wo, o.interpolation == GridSampleInterpolation::kNearest,
-             static_cast<int>(o.padding), o.align_corners};
+             static_cast<int>(o.padding), o.align_corners, o.coordinates == GridSampleCoordinates::kUnit};
   return c;
 }
 
@@ -98,14 +98,19 @@ void check_all(const Case& c, DType gdt, Layout layout, const std::string& what)
 }
 
 TEST(GridSampleEmulated, KernelBodiesMatchTheCpuBackendBitwise) {
-  for (const GridSampleOptions& o : test::all_grid_options()) {
+  std::vector<GridSampleOptions> options = test::all_grid_options();
+  for (GridSampleOptions o : test::all_grid_options()) {  // and point_sample's unit coordinates
+    o.coordinates = GridSampleCoordinates::kUnit;
+    options.push_back(o);
+  }
+  for (const GridSampleOptions& o : options) {
     for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
       const DType gdt = dt == DType::kFloat64 ? DType::kFloat32 : dt;  // a mixed pair for float64
       for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
         const Case c = make_case(dt, gdt, layout, o);
         const std::string what = std::string(to_string(o.interpolation)) + "/" + to_string(o.padding) + "/ac" +
-                                 std::to_string(o.align_corners) + "/" + std::string(dtype_name(dt)) +
-                                 (layout == Layout::kNHWC ? "/nhwc" : "/nchw");
+                                 std::to_string(o.align_corners) + "/" + to_string(o.coordinates) + "/" +
+                                 std::string(dtype_name(dt)) + (layout == Layout::kNHWC ? "/nhwc" : "/nchw");
         internal::dispatch_floating(dt, [&](auto tag) {
           using T = decltype(tag);
           check_all<T>(c, gdt, layout, what);

@@ -275,6 +275,72 @@ TEST(GridSample, GradGridLanesGiveTheScalarBits) {
   }
 }
 
+/// What torch computes for detectron2's point_sample, `2 * c - 1` in c's dtype: 2c rounded to it,
+/// then minus 1 rounded to it (16-bit types compute each step in float and round).
+double twice_minus_one(double c, DType gdt) {
+  switch (gdt) {
+    case DType::kFloat64: return 2.0 * c - 1.0;
+    case DType::kFloat16: return static_cast<float>(Half(static_cast<float>(Half(2.0f * static_cast<float>(c))) - 1.0f));
+    case DType::kBFloat16:
+      return static_cast<float>(BFloat16(static_cast<float>(BFloat16(2.0f * static_cast<float>(c))) - 1.0f));
+    default: {
+      const float twice = 2.0f * static_cast<float>(c);
+      return static_cast<double>(twice - 1.0f);
+    }
+  }
+}
+
+TEST(GridSample, UnitCoordinatesAreTheNormalizedGridAtTwiceMinusOne) {
+  // point_sample's unit coordinates c against grid_sample on the grid torch's `2 * c - 1` builds:
+  // the same output and grad_input bits, and grad_grid twice the normalized one in the grid's
+  // dtype (torch's backward of 2 * c), for every option, dtype pair, layout, mode and
+  // instruction set (float32 NCHW runs in lanes), with coordinates whose 2c - 1 rounds.
+  std::vector<CpuIsa> variants{CpuIsa::kBaseline};
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (GridSampleOptions o : test::all_grid_options()) {
+    GridSampleProblem unit = test::make_grid_problem(2, 3, 9, 11, 40, 1, o, 700, 0.7);
+    for (double& c : unit.grid) c = 0.5 + 0.5 * c;  // in [0.15, 0.85] (specials moved along)
+    const double odd[] = {1e-9, 0.2 + 1e-7, 1.0 - 1e-9, -0.3, 1.4, 0.0, 1.0, nan, inf, -1e-30};
+    for (std::size_t i = 5; i < unit.grid.size(); i += 9) unit.grid[i] = odd[(i / 9) % 10];
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+      const bool wide = dt == DType::kFloat32 || dt == DType::kFloat64;
+      for (DType gdt : {dt, wide ? other_grid_dtype(dt) : dt}) {
+        GridSampleProblem normalized = test::rounded_problem(unit, dt, gdt);  // the grid as stored
+        std::size_t rounded = 0;
+        for (double& g : normalized.grid) {
+          const double c = g;
+          g = twice_minus_one(c, gdt);
+          rounded += (g + 1.0) / 2.0 != c ? 1 : 0;
+        }
+        if (gdt != DType::kFloat64) {
+          EXPECT_GT(rounded, 0u) << "some 2c - 1 must round";
+        }
+        GridSampleProblem u = unit;
+        u.opt.coordinates = GridSampleCoordinates::kUnit;
+        for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+          for (BackwardMode mode : {BackwardMode::kExact, BackwardMode::kAtomic}) {
+            const GridSampleRun want = test::run_grid_sample(normalized, dt, gdt, layout, mode, 2);
+            Tensor want_gg = Tensor::empty({u.N, u.Ho, u.Wo, 2}, gdt);
+            std::vector<double> doubled = to_vector(want.grad_grid);
+            for (double& v : doubled) v *= 2.0;  // exact in every dtype at these magnitudes
+            want_gg = make_tensor({u.N, u.Ho, u.Wo, 2}, gdt, doubled);
+            for (CpuIsa isa : (dt == DType::kFloat32 && gdt == dt) ? variants : std::vector<CpuIsa>{CpuIsa::kAuto}) {
+              const std::string what = name(o, dt, gdt, mode) + (layout == Layout::kNHWC ? " nhwc " : " nchw ") +
+                                       cpu_isa_name(isa);
+              const GridSampleRun got = test::run_grid_sample(u, dt, gdt, layout, mode, 2, Device::cpu(), isa);
+              EXPECT_TRUE(test::same_bytes(got.output, want.output)) << what << " output";
+              EXPECT_TRUE(test::same_bytes(got.grad_input, want.grad_input)) << what << " grad_input";
+              EXPECT_TRUE(test::same_bytes(got.grad_grid, want_gg)) << what << " grad_grid";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GridSample, NonFiniteCoordinatesFollowPyTorch) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const GridSampleOptions& o : test::all_grid_options()) {

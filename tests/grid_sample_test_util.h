@@ -58,7 +58,7 @@ struct GridSampleRun {
 };
 
 inline GridSampleRun run_grid_sample(const GridSampleProblem& p, DType dt, DType gdt, Layout layout, BackwardMode mode,
-                                     int threads, Device dev = Device::cpu()) {
+                                     int threads, Device dev = Device::cpu(), CpuIsa isa = CpuIsa::kAuto) {
   GridSampleTensors host = grid_tensors(p, dt, gdt, layout);
   Tensor input = host.input.to(dev), grid = host.grid.to(dev), go = host.grad_output.to(dev);
   GridSampleRun r;
@@ -67,6 +67,7 @@ inline GridSampleRun run_grid_sample(const GridSampleProblem& p, DType dt, DType
   r.grad_grid = Tensor::empty({p.N, p.Ho, p.Wo, 2}, gdt, dev);
   Context ctx;
   ctx.num_threads = threads;
+  ctx.cpu_isa = isa;
   grid_sample_forward(input, grid, r.output, p.opt, ctx);
   GridSampleBackwardOptions b;
   b.mode = mode;

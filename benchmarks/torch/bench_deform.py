@@ -13,7 +13,9 @@ Cases (float32):
   gs_rtdetr    grid_sample, RT-DETR-like: input [1, 256, 100, 167], grid [1, 300, 16, 2], bilinear,
                zeros, align_corners False; gradients for input and grid.
   gs_m2f_point Mask2Former's point loss: point_sample of mask logits [100, 1, 112, 112] at
-               [100, 12544, 2] points (grid [100, 12544, 1, 2]); gradient for the logits only.
+               [100, 12544, 2] points in [0, 1]; gradient for the logits only. Baseline:
+               detectron2's point_sample (F.grid_sample at 2 * coords - 1); detops:
+               detops_torch.point_sample (one op reading each c as 2c - 1: the same bits).
   dcn_c3, dcn_c4, dcn_c5
                deform_conv2d with a mask (DCNv2) at the 3x3 convolutions of ResNet-50-DCN's stages
                c3, c4, c5 for one 800x1333 image: 128 channels at 100x167, 256 at 50x84, 512 at
@@ -87,19 +89,21 @@ def grid_case(input_shape, grid_shape, grads, point_sample):
         coords = torch.rand(grid_shape[0], grid_shape[1], 2, generator=gen)
         tensors = (x, coords)
 
-        def wrap(fn):
-            return lambda t, c: fn(t, 2.0 * c.unsqueeze(2) - 1.0).squeeze(3)
+        variants = {  # detectron2's point_sample, and detops' (which Mask2Former's loss would call)
+            "torch": lambda t, c: TF.grid_sample(t, 2.0 * c.unsqueeze(2) - 1.0, "bilinear", "zeros",
+                                                 False).squeeze(3),
+            "detops exact": lambda t, c: detops_torch.point_sample(t, c, align_corners=False),
+            "detops atomic": lambda t, c: detops_torch.point_sample(t, c, align_corners=False,
+                                                                    backward_mode="atomic"),
+        }
     else:
         tensors = (x, torch.rand(*grid_shape, generator=gen) * 2 - 1)
-
-        def wrap(fn):
-            return fn
-    variants = {
-        "torch": wrap(lambda t, g: TF.grid_sample(t, g, "bilinear", "zeros", False)),
-        "detops exact": wrap(lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False)),
-        "detops atomic": wrap(lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False,
-                                                                    backward_mode="atomic")),
-    }
+        variants = {
+            "torch": lambda t, g: TF.grid_sample(t, g, "bilinear", "zeros", False),
+            "detops exact": lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False),
+            "detops atomic": lambda t, g: detops_torch.grid_sample(t, g, "bilinear", "zeros", False,
+                                                                   backward_mode="atomic"),
+        }
     with torch.no_grad():
         out_shape = variants["torch"](*tensors).shape
     grad = torch.randn(out_shape, generator=gen)

@@ -6,9 +6,9 @@
 //
 // Shapes (any non-negative strides; NCHW and NHWC are both native, read from the strides):
 //   input        [N, C, H, W]        float32 | float64 | float16 | bfloat16
-//   grid         [N, Ho, Wo, 2]      (x, y) normalized to [-1, 1]; input's dtype, or float32 /
-//                                    float64 whatever input's dtype (16-bit grids only with a
-//                                    16-bit input of that dtype)
+//   grid         [N, Ho, Wo, 2]      (x, y) normalized to [-1, 1] (or in [0, 1]: coordinates
+//                                    kUnit); input's dtype, or float32 / float64 whatever input's
+//                                    dtype (16-bit grids only with a 16-bit input of that dtype)
 //   output       [N, C, Ho, Wo]      dtype of input
 //   grad_output  [N, C, Ho, Wo]      dtype of input
 //   grad_input   [N, C, H, W]        dtype of input; fully overwritten; may be empty (not needed)
@@ -32,6 +32,11 @@
 //   CUDA kernel and its bilinear border/reflection backward differ or fail there.)
 //   grad_grid: d(loss)/d(grid), one writer per grid point, summed over channels in order; for
 //   nearest it is 0 (as PyTorch).
+//   coordinates kUnit (detectron2's point_sample, which Mask2Former's point loss calls): each grid
+//   value c in [0, 1] is read as 2c - 1, computed in the grid's dtype (2c, rounded, minus 1,
+//   rounded), and grad_grid is 2 times the gradient of that value rounded to the grid's dtype:
+//   every output and gradient has the bits of grid_sample at the grid 2c - 1 followed by torch's
+//   backward of `2 * c - 1`, in one pass and without the normalized grid in memory.
 //   The operations and their order are those of PyTorch's CPU kernel, fused multiply-adds included
 //   (detail/grid_sample_math.h): in float64 the forward and grad_grid equal F.grid_sample's on
 //   the CPU to the bit, and grad_input to a few ulps (PyTorch adds it in vector-sized groups of
@@ -58,11 +63,15 @@ inline constexpr OpCapabilities kGridSampleCapabilities{
 
 enum class GridSampleInterpolation : std::uint8_t { kBilinear, kNearest };
 enum class GridSamplePadding : std::uint8_t { kZeros, kBorder, kReflection };
+/// What the grid's values are: kNormalized, torch's [-1, 1]; kUnit, detectron2's point_sample's
+/// [0, 1] (see the semantics above).
+enum class GridSampleCoordinates : std::uint8_t { kNormalized, kUnit };
 
 struct GridSampleOptions {
   GridSampleInterpolation interpolation = GridSampleInterpolation::kBilinear;
   GridSamplePadding padding = GridSamplePadding::kZeros;
   bool align_corners = false;
+  GridSampleCoordinates coordinates = GridSampleCoordinates::kNormalized;
 };
 
 struct GridSampleBackwardOptions {
@@ -88,8 +97,10 @@ void grid_sample_backward(const TensorView& grad_output, const TensorView& input
                           const GridSampleBackwardOptions& backward, const Context& ctx = {},
                           Workspace workspace = {});
 
-/// Names for messages and tables: "bilinear", "nearest"; "zeros", "border", "reflection".
+/// Names for messages and tables: "bilinear", "nearest"; "zeros", "border", "reflection";
+/// "normalized", "unit".
 const char* to_string(GridSampleInterpolation mode);
 const char* to_string(GridSamplePadding mode);
+const char* to_string(GridSampleCoordinates coordinates);
 
 }  // namespace detops

@@ -578,8 +578,8 @@ void grad_grid_lanes(const GridSampleCall& call, const Context& ctx) {
       }
       for (std::int64_t i = 0; i < len; ++i) {
         const std::int64_t ho = (q0 + i) / s.Wo, wo = (q0 + i) % s.Wo, off = n * gg.s0 + ho * gg.s1 + wo * gg.s2;
-        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off, sx[i] * mx[i]);
-        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off + gg.s3, sy[i] * my[i]);
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off, sx[i] * mx[i], s.unit);
+        detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off + gg.s3, sy[i] * my[i], s.unit);
       }
       t0 += len;
     }
@@ -646,9 +646,9 @@ void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
         const bool bilinear = q.p.count == 4;
         const std::int64_t off = n * gg.s0 + q.ho * gg.s1 + q.wo * gg.s2;
         detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off,
-                                 bilinear ? sum_x[i] * q.p.gx_mult : A(0));
+                                 bilinear ? sum_x[i] * q.p.gx_mult : A(0), s.unit);
         detail::store_grid_value(call.grad_grid.data, call.grad_grid.dtype, off + gg.s3,
-                                 bilinear ? sum_y[i] * q.p.gy_mult : A(0));
+                                 bilinear ? sum_y[i] * q.p.gy_mult : A(0), s.unit);
       }
       t0 += len;
     }

@@ -83,6 +83,11 @@ inline GridSampleCase decode_grid_sample(Reader& r, Arena& arena, bool backward)
     c.opt.padding = static_cast<GridSamplePadding>(5);
     expect_error(&e);
   }
+  c.opt.coordinates = r.u8() % 2 ? GridSampleCoordinates::kUnit : GridSampleCoordinates::kNormalized;
+  if (r.one_in(32)) {
+    c.opt.coordinates = static_cast<GridSampleCoordinates>(3);
+    expect_error(&e);
+  }
   c.backward.mode = r.u8() % 2 ? BackwardMode::kAtomic : BackwardMode::kExact;
   if (backward && r.one_in(32)) {
     c.backward.mode = BackwardMode::kTruncated;
@@ -127,10 +132,12 @@ inline GridSampleCase decode_grid_sample(Reader& r, Arena& arena, bool backward)
   } else {
     poison(c.sampled.view);
   }
-  describe("grid_sample {} input {} {} grid {} {} sampled {} mode {} padding {} align_corners {} backward {} expect {}",
+  describe("grid_sample {} input {} {} grid {} {} sampled {} mode {} padding {} align_corners {} coordinates {} "
+           "backward {} expect {}",
            backward ? "backward" : "forward", dtype_name(c.dt), describe_view(c.input.view), dtype_name(c.gdt),
            describe_view(c.grid.view), describe_view(c.sampled.view), to_string(c.opt.interpolation),
-           static_cast<int>(c.opt.padding), c.opt.align_corners, to_string(c.backward.mode), expect_name(e));
+           static_cast<int>(c.opt.padding), c.opt.align_corners, static_cast<int>(c.opt.coordinates),
+           to_string(c.backward.mode), expect_name(e));
   return c;
 }
 

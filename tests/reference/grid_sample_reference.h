@@ -86,8 +86,15 @@ inline GridSampleResult grid_sample_reference(const GridSampleProblem& p) {
       for (std::int64_t wo = 0; wo < Wo; ++wo) {
         const std::size_t gp = static_cast<std::size_t>(((n * Ho + ho) * Wo + wo) * 2);
         double x, dxm, y, dym;
-        ref::source_coord(p.grid[gp], W, p.opt, &x, &dxm);
-        ref::source_coord(p.grid[gp + 1], H, p.opt, &y, &dym);
+        if (p.opt.coordinates == GridSampleCoordinates::kUnit) {  // g = 2c - 1: dg/dc = 2
+          ref::source_coord(2 * p.grid[gp] - 1, W, p.opt, &x, &dxm);
+          ref::source_coord(2 * p.grid[gp + 1] - 1, H, p.opt, &y, &dym);
+          dxm *= 2;
+          dym *= 2;
+        } else {
+          ref::source_coord(p.grid[gp], W, p.opt, &x, &dxm);
+          ref::source_coord(p.grid[gp + 1], H, p.opt, &y, &dym);
+        }
         if (!std::isfinite(x) || !std::isfinite(y)) {
           // (zeros padding) nearest samples nothing; bilinear reads no pixel but weighs the zeros
           // with NaN fractions: a NaN sample, and grad_grid NaN along the axis whose weights use

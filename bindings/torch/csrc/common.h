@@ -102,6 +102,13 @@ inline GridSamplePadding parse_padding(const char* op, Str s) {
   bad_mode(op, "padding_mode", s, "'zeros', 'border', 'reflection'");
 }
 
+/// grid_sample's grid values: torch's normalized [-1, 1], or point_sample's unit [0, 1].
+inline GridSampleCoordinates parse_coordinates(const char* op, Str s) {
+  if (sv(s) == "normalized") return GridSampleCoordinates::kNormalized;
+  if (sv(s) == "unit") return GridSampleCoordinates::kUnit;
+  bad_mode(op, "coordinates", s, "'normalized', 'unit'");
+}
+
 inline TruncationFormat parse_truncation(const char* op, Str s) {
   if (sv(s) == "float16") return TruncationFormat::kFloat16;
   if (sv(s) == "bfloat16") return TruncationFormat::kBFloat16;

@@ -10,11 +10,12 @@ constexpr const char* kForward = "detops::grid_sample";
 constexpr const char* kBackward = "detops::_grid_sample_backward";
 
 GridSampleOptions make_options(const char* op, Str interpolation, Str padding_mode,
-                               bool align_corners) {
+                               bool align_corners, Str coordinates) {
   GridSampleOptions o;
   o.interpolation = parse_interpolation(op, interpolation);
   o.padding = parse_padding(op, padding_mode);
   o.align_corners = align_corners;
+  o.coordinates = parse_coordinates(op, coordinates);
   return o;
 }
 
@@ -47,9 +48,10 @@ std::tuple<Tensor, Tensor> gradients_like(const char* op, const Tensor& grad_out
 // ---- CPU and CUDA: one kernel each, detops picks its backend from the tensors' device --------
 
 Tensor grid_sample_kernel(const Tensor& input, const Tensor& grid, Str interpolation,
-                          Str padding_mode, bool align_corners, Str mode) {
+                          Str padding_mode, bool align_corners, Str mode, Str coordinates) {
   return guarded([&] {
-    const GridSampleOptions options = make_options(kForward, interpolation, padding_mode, align_corners);
+    const GridSampleOptions options =
+        make_options(kForward, interpolation, padding_mode, align_corners, coordinates);
     parse_backward_mode(kForward, mode, kGridSampleCapabilities);
     DeviceGuard guard(input);
     Tensor output = empty_on(input, output_sizes(kForward, input, grid), kNone, is_channels_last(input));
@@ -62,10 +64,11 @@ Tensor grid_sample_kernel(const Tensor& input, const Tensor& grid, Str interpola
 std::tuple<Tensor, Tensor> grid_sample_backward_kernel(const Tensor& grad_output,
                                                        const Tensor& input, const Tensor& grid,
                                                        Str interpolation, Str padding_mode,
-                                                       bool align_corners, Str mode, bool input_grad,
-                                                       bool grid_grad) {
+                                                       bool align_corners, Str mode, Str coordinates,
+                                                       bool input_grad, bool grid_grad) {
   return guarded([&] {
-    const GridSampleOptions options = make_options(kBackward, interpolation, padding_mode, align_corners);
+    const GridSampleOptions options =
+        make_options(kBackward, interpolation, padding_mode, align_corners, coordinates);
     GridSampleBackwardOptions backward;
     backward.mode = parse_backward_mode(kBackward, mode, kGridSampleCapabilities);
     DeviceGuard guard(grad_output);
@@ -96,35 +99,37 @@ using ::torch::autograd::variable_list;
 std::string str(Str s) { return std::string(s.data(), s.size()); }
 
 at::Tensor call_grid_sample(const at::Tensor& input, const at::Tensor& grid, Str interpolation,
-                            Str padding_mode, bool align_corners, Str mode) {
+                            Str padding_mode, bool align_corners, Str mode, Str coordinates) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::grid_sample", "")
                        .typed<decltype(grid_sample_kernel)>();
-  return op.call(input, grid, interpolation, padding_mode, align_corners, mode);
+  return op.call(input, grid, interpolation, padding_mode, align_corners, mode, coordinates);
 }
 
 std::tuple<at::Tensor, at::Tensor> call_backward(const at::Tensor& grad_output, const at::Tensor& input,
                                                  const at::Tensor& grid, Str interpolation,
-                                                 Str padding_mode, bool align_corners, Str mode,
+                                                 Str padding_mode, bool align_corners, Str mode, Str coordinates,
                                                  bool input_grad, bool grid_grad) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detops::_grid_sample_backward", "")
                        .typed<decltype(grid_sample_backward_kernel)>();
-  return op.call(grad_output, input, grid, interpolation, padding_mode, align_corners, mode, input_grad, grid_grad);
+  return op.call(grad_output, input, grid, interpolation, padding_mode, align_corners, mode, coordinates, input_grad,
+                 grid_grad);
 }
 
 class GridSampleFunction : public ::torch::autograd::Function<GridSampleFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& grid,
                                Str interpolation, Str padding_mode, bool align_corners,
-                               Str mode) {
+                               Str mode, Str coordinates) {
     ctx->saved_data["interpolation"] = str(interpolation);
     ctx->saved_data["padding_mode"] = str(padding_mode);
     ctx->saved_data["align_corners"] = align_corners;
     ctx->saved_data["mode"] = str(mode);
+    ctx->saved_data["coordinates"] = str(coordinates);
     ctx->save_for_backward({input, grid});
     at::AutoDispatchBelowADInplaceOrView guard;
-    return {call_grid_sample(input, grid, interpolation, padding_mode, align_corners, mode)};
+    return {call_grid_sample(input, grid, interpolation, padding_mode, align_corners, mode, coordinates)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_output) {
@@ -132,12 +137,14 @@ class GridSampleFunction : public ::torch::autograd::Function<GridSampleFunction
     const std::string interpolation = ctx->saved_data["interpolation"].toStringRef();
     const std::string padding_mode = ctx->saved_data["padding_mode"].toStringRef();
     const std::string mode = ctx->saved_data["mode"].toStringRef();
+    const std::string coordinates = ctx->saved_data["coordinates"].toStringRef();
     // needs_input_grad indexes the tensor arguments: 0 input, 1 grid.
     auto grads = call_backward(grad_output[0], saved[0], saved[1], interpolation, padding_mode,
-                               ctx->saved_data["align_corners"].toBool(), mode, ctx->needs_input_grad(0),
-                               ctx->needs_input_grad(1));
-    // input, grid, then the four options (no gradient).
-    return {std::get<0>(grads), std::get<1>(grads), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+                               ctx->saved_data["align_corners"].toBool(), mode, coordinates,
+                               ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    // input, grid, then the five options (no gradient).
+    return {std::get<0>(grads), std::get<1>(grads), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -147,10 +154,11 @@ class GridSampleBackwardFunction : public ::torch::autograd::Function<GridSample
  public:
   static variable_list forward(AutogradContext*, const at::Tensor& grad_output, const at::Tensor& input,
                                const at::Tensor& grid, Str interpolation, Str padding_mode,
-                               bool align_corners, Str mode, bool input_grad, bool grid_grad) {
+                               bool align_corners, Str mode, Str coordinates, bool input_grad,
+                               bool grid_grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto grads = call_backward(grad_output, input, grid, interpolation, padding_mode, align_corners, mode,
-                               input_grad, grid_grad);
+                               coordinates, input_grad, grid_grad);
     variable_list defined;
     for (const at::Tensor& g : {std::get<0>(grads), std::get<1>(grads)}) {
       if (g.defined()) defined.push_back(g);
@@ -164,17 +172,17 @@ class GridSampleBackwardFunction : public ::torch::autograd::Function<GridSample
 };
 
 at::Tensor grid_sample_autograd(const at::Tensor& input, const at::Tensor& grid, Str interpolation,
-                                Str padding_mode, bool align_corners, Str mode) {
-  return GridSampleFunction::apply(input, grid, interpolation, padding_mode, align_corners, mode)[0];
+                                Str padding_mode, bool align_corners, Str mode, Str coordinates) {
+  return GridSampleFunction::apply(input, grid, interpolation, padding_mode, align_corners, mode, coordinates)[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> grid_sample_backward_autograd(const at::Tensor& grad_output,
                                                                  const at::Tensor& input, const at::Tensor& grid,
                                                                  Str interpolation, Str padding_mode,
-                                                                 bool align_corners, Str mode,
+                                                                 bool align_corners, Str mode, Str coordinates,
                                                                  bool input_grad, bool grid_grad) {
   auto r = GridSampleBackwardFunction::apply(grad_output, input, grid, interpolation, padding_mode, align_corners,
-                                             mode, input_grad, grid_grad);
+                                             mode, coordinates, input_grad, grid_grad);
   size_t next = 0;
   at::Tensor grad_input = input_grad ? r.at(next++) : at::Tensor();
   at::Tensor grad_grid = grid_grad ? r.at(next++) : at::Tensor();
@@ -191,13 +199,15 @@ namespace ops = detops::torch_ops;
 
 DETOPS_LIBRARY_FRAGMENT(m) {
   // grid_sample, 2-d: torch.nn.functional.grid_sample's options (its `mode` is `interpolation`
-  // here), then detops' backward_mode, "exact" or "atomic". The backward op computes the gradients
-  // asked for (input_grad, grid_grad) and returns None for the others.
+  // here), then detops' backward_mode, "exact" or "atomic", and the grid's coordinates:
+  // "normalized" (torch's [-1, 1]) or "unit" (point_sample's [0, 1], read as 2c - 1 in the grid's
+  // dtype, one pass). The backward op computes the gradients asked for (input_grad, grid_grad)
+  // and returns None for the others.
   m.def("grid_sample(Tensor input, Tensor grid, str interpolation=\"bilinear\", str padding_mode=\"zeros\", "
-        "bool align_corners=False, str backward_mode=\"exact\") -> Tensor");
+        "bool align_corners=False, str backward_mode=\"exact\", str coordinates=\"normalized\") -> Tensor");
   m.def("_grid_sample_backward(Tensor grad_output, Tensor input, Tensor grid, str interpolation, "
-        "str padding_mode, bool align_corners, str backward_mode, bool input_grad, bool grid_grad) "
-        "-> (Tensor grad_input, Tensor grad_grid)");
+        "str padding_mode, bool align_corners, str backward_mode, str coordinates, bool input_grad, "
+        "bool grid_grad) -> (Tensor grad_input, Tensor grad_grid)");
 }
 
 namespace {

@@ -80,6 +80,8 @@ def _cases(seed=7):
         ("roi_align_rotated", ops.roi_align_rotated,
          (x, rrois, 0.5, 3, 2, 2, True, False, "degrees", "exact", "float16"), (0,)),
         ("grid_sample", ops.grid_sample, (x, grid, "bilinear", "zeros", False, "exact"), (0, 1)),
+        # point_sample's form: unit coordinates
+        ("grid_sample", ops.grid_sample, (x, grid * 0.5 + 0.5, "bilinear", "border", True, "exact", "unit"), (0, 1)),
         ("ms_deform_attn", ops.ms_deform_attn, (value, spatial, start, loc, attn, "exact"), (0, 3, 4)),
         ("deform_conv2d", ops.deform_conv2d,
          (x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 1, 1, True, "exact"), (0, 1, 2, 3, 4)),
@@ -124,7 +126,8 @@ class OpcheckTest(unittest.TestCase):
         for name, op, args, diff in _cases():
             ones = torch.ones_like(_first(op(*args)))
             if name == "grid_sample":
-                cases["_grid_sample_backward"] = (ones, *args[:5], "exact", True, True)
+                coordinates = args[6] if len(args) > 6 else "normalized"  # the last case's: "unit"
+                cases["_grid_sample_backward"] = (ones, *args[:5], "exact", coordinates, True, True)
             elif name == "ms_deform_attn":
                 cases["_ms_deform_attn_backward"] = (ones, *args[:5], "exact", True, True, True)
             elif name == "deform_conv2d":

@@ -150,6 +150,35 @@ class PointSampleTest(unittest.TestCase):
         self._detectron2(ref, coords, align_corners=False).sum().backward()
         self.assertLessEqual(max_rel_error(logits.grad, ref.grad), 4e-15)
 
+    def test_one_pass_has_the_bits_of_the_two_step_form(self):
+        # point_sample reads c as 2c - 1 inside the op: the output, grad_input and grad of the
+        # coordinates must be those of grid_sample at torch's own `2.0 * c - 1.0` (and torch's
+        # backward of it), for every option, mode and dtype, with coordinates whose 2c - 1 rounds
+        # and some outside [0, 1].
+        gen = torch.Generator().manual_seed(61)
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            x = torch.randn(2, 3, 9, 11, generator=gen, dtype=torch.float64).to(dtype)
+            coords = (torch.rand(2, 40, 2, generator=gen, dtype=torch.float64) * 1.4 - 0.2)
+            coords[0, :8, 0] = torch.rand(8, generator=gen, dtype=torch.float64) * 1e-3  # 2c - 1 rounds
+            coords = coords.to(dtype)
+            g = torch.randn(2, 3, 40, generator=gen, dtype=torch.float64).to(dtype)
+            for (mode, padding, align), backward_mode in itertools.product(CONFIGS, F.GATHER_BACKWARD_MODES):
+                what = f"{dtype} {mode} {padding} align_corners={align} {backward_mode}"
+                results = []
+                for two_step in (False, True):
+                    xi = x.clone().requires_grad_(True)
+                    ci = coords.clone().requires_grad_(True)
+                    if two_step:
+                        grid = 2.0 * ci.unsqueeze(2) - 1.0
+                        out = detops_torch.grid_sample(xi, grid, mode, padding, align, backward_mode).squeeze(3)
+                    else:
+                        out = detops_torch.point_sample(xi, ci, mode=mode, padding_mode=padding, align_corners=align,
+                                                        backward_mode=backward_mode)
+                    out.backward(g)
+                    results.append((out.detach(), xi.grad, ci.grad))
+                for name, a, b in zip(("output", "grad_input", "grad_coords"), *results):
+                    assert_bitwise_equal(self, a, b, f"{name} {what}")
+
 
 class GradientTest(unittest.TestCase):
     def test_gradcheck_every_option(self):
@@ -164,10 +193,12 @@ class GradientTest(unittest.TestCase):
         g = torch.randn(2, 3, 5, 6, generator=gen, dtype=torch.float64)
         _, full_gx, full_gg = _run(_detops(CONFIGS[0]), x, grid, g)
         # The backward op returns None for what is not asked for.
-        gx, gg = torch.ops.detops._grid_sample_backward(g, x, grid, "bilinear", "zeros", False, "exact", True, False)
+        gx, gg = torch.ops.detops._grid_sample_backward(g, x, grid, "bilinear", "zeros", False, "exact", "normalized",
+                                                        True, False)
         self.assertIsNone(gg)
         assert_bitwise_equal(self, gx, full_gx, "grad_input alone")
-        gx, gg = torch.ops.detops._grid_sample_backward(g, x, grid, "bilinear", "zeros", False, "exact", False, True)
+        gx, gg = torch.ops.detops._grid_sample_backward(g, x, grid, "bilinear", "zeros", False, "exact", "normalized",
+                                                        False, True)
         self.assertIsNone(gx)
         assert_bitwise_equal(self, gg, full_gg, "grad_grid alone")
         # Through autograd: a grid that does not require grad gets none, and the reverse.
@@ -233,7 +264,7 @@ class MetaAndScriptTest(unittest.TestCase):
         out = detops_torch.grid_sample(x.contiguous(memory_format=torch.channels_last), grid, align_corners=False)
         self.assertTrue(out.is_contiguous(memory_format=torch.channels_last))
         gx, gg = torch.ops.detops._grid_sample_backward(torch.empty(2, 3, 4, 5, device="meta"), x, grid, "bilinear",
-                                                        "zeros", False, "exact", True, True)
+                                                        "zeros", False, "exact", "unit", True, True)
         self.assertEqual((tuple(gx.shape), gx.dtype, tuple(gg.shape), gg.dtype),
                          ((2, 3, 10, 12), torch.float16, (2, 4, 5, 2), torch.float32))
         with self.assertRaisesRegex(ValueError, "mode"):
@@ -311,6 +342,9 @@ class BadInputTest(unittest.TestCase):
             ("interpolation.*'area'",
              lambda: torch.ops.detops.grid_sample(x, grid, "area", "zeros", False, "exact")),
             ("mode.*'Exact'", lambda: torch.ops.detops.grid_sample(x, grid, "bilinear", "zeros", False, "Exact")),
+            ("coordinates.*'pixels'",
+             lambda: torch.ops.detops.grid_sample(x, grid, "bilinear", "zeros", False, "exact", "pixels")),
+            ("point_sample|mode.*'bicubic'", lambda: detops_torch.point_sample(x, grid, "bicubic", align_corners=False)),
         ]
         for pattern, fn in cases:
             with self.subTest(pattern=pattern):

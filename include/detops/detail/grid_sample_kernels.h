@@ -54,8 +54,8 @@ DETOPS_HOST_DEVICE inline GridPoint<acc_t<T>> grid_sample_point(const GridSample
                                                                  std::int64_t ho, std::int64_t wo) {
   using A = acc_t<T>;
   const std::int64_t off = n * a.gs.s0 + ho * a.gs.s1 + wo * a.gs.s2;
-  const A gx = static_cast<A>(load_grid_value(a.grid, a.grid_dtype, off));
-  const A gy = static_cast<A>(load_grid_value(a.grid, a.grid_dtype, off + a.gs.s3));
+  const A gx = static_cast<A>(load_grid_value(a.grid, a.grid_dtype, off, a.shape.unit));
+  const A gy = static_cast<A>(load_grid_value(a.grid, a.grid_dtype, off + a.gs.s3, a.shape.unit));
   const GridCoord<A> x = grid_source_coord(gx, a.ax, a.shape.padding);
   const GridCoord<A> y = grid_source_coord(gy, a.ay, a.shape.padding);
   return grid_point(x, y, a.shape.H, a.shape.W, a.shape.nearest);
@@ -177,8 +177,8 @@ DETOPS_HOST_DEVICE inline void grid_sample_grad_grid_element(std::int64_t t, con
   acc_t<T> gx, gy;
   grid_sample_grad_grid_point(a, n, ho, wo, grid_sample_point(a.g, n, ho, wo), &gx, &gy);
   const std::int64_t off = n * gg.s0 + ho * gg.s1 + wo * gg.s2;
-  store_grid_value(grad_grid, grid_dtype, off, gx);
-  store_grid_value(grad_grid, grid_dtype, off + gg.s3, gy);
+  store_grid_value(grad_grid, grid_dtype, off, gx, s.unit);
+  store_grid_value(grad_grid, grid_dtype, off + gg.s3, gy, s.unit);
 }
 
 /// Records per grid point in the exact mode: the four corners, or nearest's one pixel.

@@ -36,6 +36,7 @@ struct GridSampleShape {
   bool nearest;             // interpolation: nearest, else bilinear
   int padding;              // 0 zeros, 1 border, 2 reflection (GridSamplePadding's values)
   bool align_corners;
+  bool unit;                // coordinates: [0, 1], read as 2c - 1 (GridSampleCoordinates::kUnit)
 };
 
 constexpr int kGridPadZeros = 0, kGridPadBorder = 1, kGridPadReflection = 2;
@@ -241,25 +242,72 @@ DETOPS_HOST_DEVICE inline void grid_grad_grid_add(A v0, A v1, A v2, A v3, A dx, 
   gy = fma_(fma_(v3 - v1, dx, (v2 - v0) * ex), g, gy);
 }
 
-/// Grid value `which` (0: x, 1: y) of a grid in any floating dtype, as double (exact).
-DETOPS_HOST_DEVICE inline double load_grid_value(const void* data, DType dtype, std::int64_t offset) {
+/// A unit coordinate c (in [0, 1]) as the normalized one, 2c - 1, computed in float32 or
+/// float64 as torch's `2 * c - 1` is: 2c (exact), minus 1 (rounded once; the operations are
+/// separate, never fused).
+template <class A>
+DETOPS_HOST_DEVICE inline A grid_from_unit(A c) {
+  const A twice = A(2) * c;
+  return twice - A(1);
+}
+
+/// The same for a 16-bit grid value v (its float value): torch rounds 2v to the grid's dtype,
+/// then that minus 1 (computed in float) again.
+template <class T16>
+DETOPS_HOST_DEVICE inline float grid_from_unit_16(float v) {
+  const float twice = static_cast<float>(T16(2.0f * v));
+  return static_cast<float>(T16(twice - 1.0f));
+}
+
+/// Grid value at `offset` of a grid in any floating dtype, as double (exact); with `unit`, the
+/// normalized value 2c - 1 of a unit coordinate, computed in the grid's dtype (grid_from_unit).
+DETOPS_HOST_DEVICE inline double load_grid_value(const void* data, DType dtype, std::int64_t offset,
+                                                 bool unit = false) {
   switch (dtype) {
-    case DType::kFloat64: return static_cast<const double*>(data)[offset];
-    case DType::kFloat16: return static_cast<double>(static_cast<float>(static_cast<const Half*>(data)[offset]));
-    case DType::kBFloat16:
-      return static_cast<double>(static_cast<float>(static_cast<const BFloat16*>(data)[offset]));
-    default: return static_cast<double>(static_cast<const float*>(data)[offset]);
+    case DType::kFloat64: {
+      const double c = static_cast<const double*>(data)[offset];
+      return unit ? grid_from_unit(c) : c;
+    }
+    case DType::kFloat16: {
+      const float c = static_cast<float>(static_cast<const Half*>(data)[offset]);
+      return static_cast<double>(unit ? grid_from_unit_16<Half>(c) : c);
+    }
+    case DType::kBFloat16: {
+      const float c = static_cast<float>(static_cast<const BFloat16*>(data)[offset]);
+      return static_cast<double>(unit ? grid_from_unit_16<BFloat16>(c) : c);
+    }
+    default: {
+      const float c = static_cast<const float*>(data)[offset];
+      return static_cast<double>(unit ? grid_from_unit(c) : c);
+    }
   }
 }
 
-/// Stores an accumulator into a grid-typed tensor (grad_grid), rounding once.
+/// Stores an accumulator into a grid-typed tensor (grad_grid), rounding once; with `unit`, twice
+/// the rounded value (the backward of 2c - 1 in the grid's dtype: exact, barring overflow).
 template <class A>
-DETOPS_HOST_DEVICE inline void store_grid_value(void* data, DType dtype, std::int64_t offset, A v) {
+DETOPS_HOST_DEVICE inline void store_grid_value(void* data, DType dtype, std::int64_t offset, A v, bool unit = false) {
   switch (dtype) {
-    case DType::kFloat64: static_cast<double*>(data)[offset] = static_cast<double>(v); break;
-    case DType::kFloat16: static_cast<Half*>(data)[offset] = Half(static_cast<float>(v)); break;
-    case DType::kBFloat16: static_cast<BFloat16*>(data)[offset] = BFloat16(static_cast<float>(v)); break;
-    default: static_cast<float*>(data)[offset] = static_cast<float>(v); break;
+    case DType::kFloat64: {
+      const double r = static_cast<double>(v);
+      static_cast<double*>(data)[offset] = unit ? r * 2.0 : r;
+      break;
+    }
+    case DType::kFloat16: {
+      const Half r(static_cast<float>(v));
+      static_cast<Half*>(data)[offset] = unit ? Half(static_cast<float>(r) * 2.0f) : r;
+      break;
+    }
+    case DType::kBFloat16: {
+      const BFloat16 r(static_cast<float>(v));
+      static_cast<BFloat16*>(data)[offset] = unit ? BFloat16(static_cast<float>(r) * 2.0f) : r;
+      break;
+    }
+    default: {
+      const float r = static_cast<float>(v);
+      static_cast<float*>(data)[offset] = unit ? r * 2.0f : r;
+      break;
+    }
   }
 }
 
