@@ -142,15 +142,15 @@ struct CudaDevice {
 
   std::size_t sort_pairs_bytes(std::int64_t n, int end_bit) const {
     std::size_t bytes = 0;
-    DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::uint64_t*>(nullptr),
-                                                      static_cast<std::uint64_t*>(nullptr),
-                                                      static_cast<const std::int64_t*>(nullptr),
-                                                      static_cast<std::int64_t*>(nullptr), n, 0, end_bit),
+    DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const detail::GatherKey*>(nullptr),
+                                                      static_cast<detail::GatherKey*>(nullptr),
+                                                      static_cast<const detail::GatherIndex*>(nullptr),
+                                                      static_cast<detail::GatherIndex*>(nullptr), n, 0, end_bit),
                       op);
     return bytes;
   }
-  void sort_pairs(void* temp, std::size_t bytes, const std::uint64_t* keys_in, std::uint64_t* keys_out,
-                  const std::int64_t* ids_in, std::int64_t* ids_out, std::int64_t n, int end_bit) const {
+  void sort_pairs(void* temp, std::size_t bytes, const detail::GatherKey* keys_in, detail::GatherKey* keys_out,
+                  const detail::GatherIndex* ids_in, detail::GatherIndex* ids_out, std::int64_t n, int end_bit) const {
     DETOPS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, keys_in, keys_out, ids_in, ids_out, n, 0, end_bit,
                                                       stream_of(ctx)),
                       op);
@@ -158,28 +158,34 @@ struct CudaDevice {
 
   std::size_t run_length_encode_bytes(std::int64_t n) const {
     std::size_t bytes = 0;
-    DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, bytes, static_cast<const std::uint64_t*>(nullptr),
-                                                         static_cast<std::uint64_t*>(nullptr),
-                                                         static_cast<std::int64_t*>(nullptr),
-                                                         static_cast<std::int64_t*>(nullptr), static_cast<int>(n)),
+    DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, bytes, static_cast<const detail::GatherKey*>(nullptr),
+                                                         static_cast<detail::GatherKey*>(nullptr),
+                                                         static_cast<detail::GatherIndex*>(nullptr),
+                                                         static_cast<detail::GatherIndex*>(nullptr), static_cast<int>(n)),
                       op);
     return bytes;
   }
-  void run_length_encode(void* temp, std::size_t bytes, const std::uint64_t* in, std::uint64_t* unique,
-                         std::int64_t* counts, std::int64_t* num_runs, std::int64_t n) const {
+  void run_length_encode(void* temp, std::size_t bytes, const detail::GatherKey* in, detail::GatherKey* unique,
+                         detail::GatherIndex* counts, detail::GatherIndex* num_runs, std::int64_t n) const {
     DETOPS_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(temp, bytes, in, unique, counts, num_runs, static_cast<int>(n),
                                                          stream_of(ctx)),
                       op);
   }
 
+  /// Enough for an exclusive_sum of n items of either type (int64 counts, the engine's int32 run
+  /// lengths).
   std::size_t exclusive_sum_bytes(std::int64_t n) const {
-    std::size_t bytes = 0;
-    DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<const std::int64_t*>(nullptr),
+    std::size_t wide = 0, narrow = 0;
+    DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, wide, static_cast<const std::int64_t*>(nullptr),
                                                     static_cast<std::int64_t*>(nullptr), n),
                       op);
-    return bytes;
+    DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, narrow, static_cast<const detail::GatherIndex*>(nullptr),
+                                                    static_cast<detail::GatherIndex*>(nullptr), n),
+                      op);
+    return std::max(wide, narrow);
   }
-  void exclusive_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+  template <class I>
+  void exclusive_sum(void* temp, std::size_t bytes, const I* in, I* out, std::int64_t n) const {
     DETOPS_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp, bytes, in, out, n, stream_of(ctx)), op);
   }
 

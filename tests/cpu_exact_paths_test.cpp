@@ -31,8 +31,8 @@ using internal::CpuExactPath;
 
 /// The engine's value for records in order (gather_run_sum over one run), in float.
 float engine_sum(const std::vector<float>& values, std::int64_t split) {
-  std::vector<std::uint64_t> keys(1, 0);
-  std::vector<std::int64_t> offsets(1, 0), lengths(1, static_cast<std::int64_t>(values.size()));
+  std::vector<detail::GatherKey> keys(1, 0);
+  std::vector<detail::GatherIndex> offsets(1, 0), lengths(1, static_cast<detail::GatherIndex>(values.size()));
   std::vector<float> weights(values.size(), 1.0f);
   std::vector<std::int64_t> sources(values.size());
   for (std::size_t i = 0; i < sources.size(); ++i) sources[i] = static_cast<std::int64_t>(i);

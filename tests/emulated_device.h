@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "detops/context.h"
+#include "detops/detail/gather_backward.h"
 #include "detops/dtype.h"
 #include "internal/common.h"
 
@@ -90,11 +91,11 @@ struct EmulatedDevice {
   std::size_t run_length_encode_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) + 32; }
   std::size_t exclusive_sum_bytes(std::int64_t n) const { return static_cast<std::size_t>(n) / 2 + 16; }
 
-  void sort_pairs(void* temp, std::size_t bytes, const std::uint64_t* keys_in, std::uint64_t* keys_out,
-                  const std::int64_t* ids_in, std::int64_t* ids_out, std::int64_t n, int end_bit) const {
+  void sort_pairs(void* temp, std::size_t bytes, const detail::GatherKey* keys_in, detail::GatherKey* keys_out,
+                  const detail::GatherIndex* ids_in, detail::GatherIndex* ids_out, std::int64_t n, int end_bit) const {
     use_temp(temp, bytes, sort_pairs_bytes(n, end_bit), "sort_pairs");
-    if (end_bit < 1 || end_bit > 64) throw std::logic_error("sort_pairs: end_bit out of [1, 64]");
-    const std::uint64_t mask = end_bit == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << end_bit) - 1;
+    if (end_bit < 1 || end_bit > 32) throw std::logic_error("sort_pairs: end_bit out of [1, 32]");
+    const std::uint64_t mask = (std::uint64_t{1} << end_bit) - 1;  // only bits [0, end_bit) sort
     std::vector<std::int64_t> order(static_cast<std::size_t>(n));
     std::iota(order.begin(), order.end(), std::int64_t{0});
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
@@ -105,29 +106,31 @@ struct EmulatedDevice {
       ids_out[i] = ids_in[order[static_cast<std::size_t>(i)]];
     }
   }
-  void run_length_encode(void* temp, std::size_t bytes, const std::uint64_t* in, std::uint64_t* unique,
-                         std::int64_t* counts, std::int64_t* num_runs, std::int64_t n) const {
+  void run_length_encode(void* temp, std::size_t bytes, const detail::GatherKey* in, detail::GatherKey* unique,
+                         detail::GatherIndex* counts, detail::GatherIndex* num_runs, std::int64_t n) const {
     use_temp(temp, bytes, run_length_encode_bytes(n), "run_length_encode");
     std::int64_t runs = 0;
     for (std::int64_t i = 0; i < n;) {
       std::int64_t e = i + 1;
       while (e < n && in[e] == in[i]) ++e;
       unique[runs] = in[i];
-      counts[runs] = e - i;
+      counts[runs] = static_cast<detail::GatherIndex>(e - i);
       ++runs;
       i = e;
     }
-    *num_runs = runs;
+    *num_runs = static_cast<detail::GatherIndex>(runs);
   }
-  void exclusive_sum(void* temp, std::size_t bytes, const std::int64_t* in, std::int64_t* out, std::int64_t n) const {
+  /// Over int64 counts or the engine's int32 run lengths (CUB's ExclusiveSum takes either).
+  template <class I>
+  void exclusive_sum(void* temp, std::size_t bytes, const I* in, I* out, std::int64_t n) const {
     use_temp(temp, bytes, exclusive_sum_bytes(n), "exclusive_sum");
-    std::int64_t sum = 0;
+    I sum = 0;
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t v = in[i];
+      const I v = in[i];
       out[i] = sum;
       // Counts are never negative and never overflow, nor do they hold the poison of a workspace
       // byte no step wrote (PoisonedWorkspace's 0x7f): such an input is memory no step wrote.
-      if (v < 0 || v == kPoison64 || __builtin_add_overflow(sum, v, &sum))
+      if (v < 0 || v == static_cast<I>(kPoison64) || __builtin_add_overflow(sum, v, &sum))
         throw std::logic_error("exclusive_sum: input " + std::to_string(i) + " is " + std::to_string(v) +
                                " after a sum of " + std::to_string(out[i]) + "; expected written counts");
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "detops/detail/gather_backward.h"
+#include "detops/error.h"
 #include "internal/gather_backward_cpu.h"
 
 namespace detops {
@@ -26,7 +27,7 @@ using detail::GatherSumArgs;
 /// so runs range from 1 to a few hundred records.
 struct Chunk {
   std::int64_t n, positions, sources;  // sources: upstream rows
-  std::vector<std::uint64_t> keys;
+  std::vector<detail::GatherKey> keys;
   std::vector<double> weights;
   std::vector<std::int64_t> rows;  // upstream row of each record
 };
@@ -40,7 +41,7 @@ Chunk make_chunk(std::int64_t n, std::int64_t positions, std::int64_t sources, s
   std::uniform_int_distribution<int> kind(0, 9);
   for (std::int64_t j = 0; j < n; ++j) {
     const int k = kind(rng);
-    c.keys.push_back(k == 0 ? static_cast<std::uint64_t>(positions) : static_cast<std::uint64_t>(k < 4 ? hot(rng) : pos(rng)));
+    c.keys.push_back(static_cast<detail::GatherKey>(k == 0 ? positions : k < 4 ? hot(rng) : pos(rng)));
     c.weights.push_back(w(rng));
     c.rows.push_back(src(rng));
   }
@@ -51,21 +52,21 @@ TEST(GatherSort, StableAndTheSameWhetherItCountsOrCompares) {
   for (std::int64_t positions : {std::int64_t{5}, std::int64_t{1000}, std::int64_t{5000000}}) {
     const Chunk c = make_chunk(3000, positions, 7, 11 + positions);
     ASSERT_EQ(internal::gather_counting_sort(positions, c.n), positions < 5000000) << "both sorts must be exercised";
-    std::vector<std::int64_t> ids(c.n), buckets(static_cast<std::size_t>(positions + 2));
+    std::vector<detail::GatherIndex> ids(c.n), buckets(static_cast<std::size_t>(positions + 2));
     const std::int64_t cap = internal::gather_run_capacity(c.n, positions);
-    std::vector<std::uint64_t> run_keys(cap);
-    std::vector<std::int64_t> run_offsets(cap), run_lengths(cap);
+    std::vector<detail::GatherKey> run_keys(cap);
+    std::vector<detail::GatherIndex> run_offsets(cap), run_lengths(cap);
     const std::int64_t runs = internal::gather_sort_keys_cpu(c.keys.data(), c.n, positions, ids.data(), buckets.data(),
                                                              run_keys.data(), run_offsets.data(), run_lengths.data());
     // the order std::stable_sort gives (what CUB's radix sort gives on the device)
-    std::vector<std::int64_t> expect(c.n);
-    for (std::int64_t j = 0; j < c.n; ++j) expect[j] = j;
+    std::vector<detail::GatherIndex> expect(c.n);
+    for (std::int64_t j = 0; j < c.n; ++j) expect[j] = static_cast<detail::GatherIndex>(j);
     std::stable_sort(expect.begin(), expect.end(), [&](std::int64_t a, std::int64_t b) { return c.keys[a] < c.keys[b]; });
     EXPECT_EQ(ids, expect);
     // runs: every non-sentinel key once, in order, lengths that add up
     std::int64_t covered = 0;
     for (std::int64_t r = 0; r < runs; ++r) {
-      EXPECT_LT(run_keys[r], static_cast<std::uint64_t>(positions));
+      EXPECT_LT(run_keys[r], positions);
       if (r > 0) {
         EXPECT_LT(run_keys[r - 1], run_keys[r]);
       }
@@ -73,15 +74,15 @@ TEST(GatherSort, StableAndTheSameWhetherItCountsOrCompares) {
       for (std::int64_t i = 0; i < run_lengths[r]; ++i) EXPECT_EQ(c.keys[ids[covered + i]], run_keys[r]);
       covered += run_lengths[r];
     }
-    const auto sentinels = std::count(c.keys.begin(), c.keys.end(), static_cast<std::uint64_t>(positions));
+    const auto sentinels = std::count(c.keys.begin(), c.keys.end(), static_cast<detail::GatherKey>(positions));
     EXPECT_EQ(covered + sentinels, c.n);
   }
 }
 
 TEST(GatherSort, NothingButSentinelsGivesNoRun) {
-  const std::vector<std::uint64_t> keys(10, 4);
-  std::vector<std::int64_t> ids(10), buckets(6), offsets(4), lengths(4);
-  std::vector<std::uint64_t> run_keys(4);
+  const std::vector<detail::GatherKey> keys(10, 4);
+  std::vector<detail::GatherIndex> ids(10), buckets(6), offsets(4), lengths(4);
+  std::vector<detail::GatherKey> run_keys(4);
   EXPECT_EQ(internal::gather_sort_keys_cpu(keys.data(), 10, 4, ids.data(), buckets.data(), run_keys.data(),
                                            offsets.data(), lengths.data()),
             0);
@@ -99,8 +100,8 @@ TEST(GatherRunSum, PartialsAreSummedFromZeroAndAddedInOrder) {
     up[i] = i == 0 ? 16777216.0f : 1.0f;  // 2^24 + 1 rounds back to 2^24: the ones vanish unless grouped
     src[i] = i;
   }
-  const std::uint64_t key = 0;
-  const std::int64_t off = 0, len = n;
+  const detail::GatherKey key = 0;
+  const detail::GatherIndex off = 0, len = n;
   const GatherSorted<float> g{&key, &off, &len, w.data(), src.data()};
   auto plain = [&](std::int64_t b, std::int64_t e) {
     float acc = 0.0f;
@@ -124,26 +125,27 @@ void emulate_cuda(const Chunk& c, const std::vector<T>& up, std::int64_t up_c, s
                   std::int64_t C, std::int64_t split, bool channels_fastest, const Target& target,
                   const Active& active) {
   const std::int64_t n = c.n;
-  std::vector<std::uint64_t> keys(n, 0xA5A5A5A5ull);
-  std::vector<std::int64_t> ids(n, -1), sources(n, -1), sorted_sources(n);
+  std::vector<detail::GatherKey> keys(n, 0xA5A5A5A5u);
+  std::vector<detail::GatherIndex> ids(n, -1);
+  std::vector<std::int64_t> sources(n, -1), sorted_sources(n);
   std::vector<A> weights(n, A(-7)), sorted_weights(n);
   const GatherRecords<A> rec{keys.data(), ids.data(), weights.data(), sources.data()};
-  const auto sentinel = static_cast<std::uint64_t>(c.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(c.positions);
   for (std::int64_t j = 0; j < n; ++j) detail::gather_init_record(j, rec, sentinel);
   for (std::int64_t j = 0; j < n; ++j)
     if (c.keys[j] != sentinel)  // a skipped contribution keeps init's sentinel
       detail::gather_set_record(rec, j, c.keys[j], static_cast<A>(c.weights[j]), c.rows[j] * (up_c == 1 ? C : 1));
-  std::vector<std::int64_t> sorted(ids);
+  std::vector<detail::GatherIndex> sorted(ids);
   std::stable_sort(sorted.begin(), sorted.end(), [&](std::int64_t a, std::int64_t b) { return keys[a] < keys[b]; });
   for (std::int64_t r = 0; r < n; ++r)
     detail::gather_permute_record(r, sorted.data(), weights.data(), sources.data(), sorted_weights.data(),
                                   sorted_sources.data());
-  std::vector<std::uint64_t> run_keys;
-  std::vector<std::int64_t> run_offsets, run_lengths;
+  std::vector<detail::GatherKey> run_keys;
+  std::vector<detail::GatherIndex> run_offsets, run_lengths;
   for (std::int64_t r = 0; r < n; ++r) {
     if (r == 0 || keys[sorted[r]] != keys[sorted[r - 1]]) {
       run_keys.push_back(keys[sorted[r]]);
-      run_offsets.push_back(r);
+      run_offsets.push_back(static_cast<detail::GatherIndex>(r));
       run_lengths.push_back(0);
     }
     ++run_lengths.back();
@@ -160,12 +162,12 @@ template <class T, class A, class Target, class Active>
 void run_cpu(const Chunk& c, const std::vector<T>& up, std::int64_t up_c, std::vector<T>& out, std::int64_t out_c,
              std::int64_t C, std::int64_t split, int threads, const Target& target, const Active& active) {
   internal::WorkspaceLayout l;
-  internal::add_gather_cpu<A>(l, c.n, c.positions);
+  internal::add_gather_cpu<A>(l, c.n, c.positions, "test");
   std::vector<unsigned char> ws(l.bytes() + internal::WorkspaceLayout::kAlign);
   l.bind(ws.data() + (internal::WorkspaceLayout::kAlign - reinterpret_cast<std::uintptr_t>(ws.data()) %
                                                              internal::WorkspaceLayout::kAlign));
   const internal::GatherCpuBuffers<A> b = internal::take_gather_cpu<A>(l);
-  const auto sentinel = static_cast<std::uint64_t>(c.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(c.positions);
   for (std::int64_t j = 0; j < c.n; ++j) detail::gather_init_record(j, b.records, sentinel);
   for (std::int64_t j = 0; j < c.n; ++j)
     if (c.keys[j] != sentinel)
@@ -180,7 +182,7 @@ void run_cpu(const Chunk& c, const std::vector<T>& up, std::int64_t up_c, std::v
 /// stride = positions).
 struct RowTarget {
   std::int64_t stride;
-  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const { return static_cast<std::int64_t>(key) * stride; }
+  DETOPS_HOST_DEVICE std::int64_t operator()(detail::GatherKey key) const { return static_cast<std::int64_t>(key) * stride; }
 };
 
 /// Drops every record whose sorted index and channel have an odd sum (a predicate that depends on
@@ -236,11 +238,11 @@ TYPED_TEST(GatherEngine, CudaBodiesGiveTheCpuBytes) {
             // the sorted index of each record of d: the count of records before it with a smaller
             // key plus its rank among d's records (the checkerboard reads it)
             const std::int64_t first =
-                std::count_if(c.keys.begin(), c.keys.end(), [&](std::uint64_t k) { return k < static_cast<std::uint64_t>(d); });
-            const std::int64_t len = std::count(c.keys.begin(), c.keys.end(), static_cast<std::uint64_t>(d));
+                std::count_if(c.keys.begin(), c.keys.end(), [&](detail::GatherKey k) { return k < d; });
+            const std::int64_t len = std::count(c.keys.begin(), c.keys.end(), static_cast<detail::GatherKey>(d));
             const bool partials = split > 0 && len > split;
             for (std::int64_t j = 0; j < c.n; ++j) {
-              if (c.keys[j] != static_cast<std::uint64_t>(d)) continue;
+              if (c.keys[j] != static_cast<detail::GatherKey>(d)) continue;
               any = true;
               const std::int64_t r = first + rank++;
               if (!checker || (r + ch) % 2 == 0)
@@ -274,7 +276,22 @@ TEST(GatherKeyBits, CoversTheSentinel) {
   EXPECT_EQ(detail::gather_key_bits(2), 2);
   EXPECT_EQ(detail::gather_key_bits(255), 8);
   EXPECT_EQ(detail::gather_key_bits(256), 9);
-  EXPECT_EQ(detail::gather_key_bits(~std::uint64_t{0}), 64);
+  EXPECT_EQ(detail::gather_key_bits(~detail::GatherKey{0}), 32);
+}
+
+TEST(GatherLimits, ChunksPastThe32BitTypesAreRefused) {
+  // keys are 32-bit (the sentinel included) and record indices 31-bit: a chunk past either is
+  // refused with a message before anything is sized
+  EXPECT_NO_THROW(internal::gather_check_chunk("op", (std::int64_t{1} << 31) - 1, (std::int64_t{1} << 32) - 1));
+  try {
+    internal::gather_check_chunk("grid_sample_backward", 10, std::int64_t{1} << 32);
+    ADD_FAILURE() << "2^32 destinations must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("grid_sample_backward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2^32 - 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(internal::gather_check_chunk("op", std::int64_t{1} << 31, 10), Error);
 }
 
 }  // namespace

@@ -428,21 +428,22 @@ TEST(RoiAlignEmulated, MaxPoolingWithNanInfAndTiesIsTheKernelBody) {
 template <class A>
 void check_init_slots() {
   constexpr std::int64_t cap = 37;
-  const std::uint64_t sentinel = 12345;
-  std::vector<std::uint64_t> keys(cap);
-  std::vector<std::int64_t> ids(cap), go(cap), am(cap);
+  const detail::GatherKey sentinel = 12345;
+  std::vector<detail::GatherKey> keys(cap);
+  std::vector<detail::GatherIndex> ids(cap);
+  std::vector<std::int64_t> go(cap), am(cap);
   std::vector<A> w(cap);
   std::vector<std::int32_t> smp(cap);
-  for (auto* v : {static_cast<void*>(keys.data()), static_cast<void*>(ids.data()), static_cast<void*>(go.data()),
-                  static_cast<void*>(am.data())})
-    std::memset(v, 0xA5, cap * 8);
+  std::memset(keys.data(), 0xA5, cap * sizeof(detail::GatherKey));
+  std::memset(ids.data(), 0xA5, cap * sizeof(detail::GatherIndex));
+  for (auto* v : {static_cast<void*>(go.data()), static_cast<void*>(am.data())}) std::memset(v, 0xA5, cap * 8);
   std::memset(w.data(), 0xA5, cap * sizeof(A));
   std::memset(smp.data(), 0xA5, cap * 4);
   const detail::ExactRecords<A> rec{keys.data(), ids.data(), w.data(), go.data(), am.data(), smp.data()};
   for (std::int64_t j = 0; j < cap; ++j) detail::roi_align_exact_init_slot(j, rec, sentinel);
-  std::vector<std::int64_t> want_ids(cap);
+  std::vector<detail::GatherIndex> want_ids(cap);
   std::iota(want_ids.begin(), want_ids.end(), 0);
-  EXPECT_EQ(keys, std::vector<std::uint64_t>(cap, sentinel));
+  EXPECT_EQ(keys, std::vector<detail::GatherKey>(cap, sentinel));
   EXPECT_EQ(ids, want_ids);
   EXPECT_EQ(go, std::vector<std::int64_t>(cap, 0));
   EXPECT_EQ(am, std::vector<std::int64_t>(cap, 0));

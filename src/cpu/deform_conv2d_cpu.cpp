@@ -235,7 +235,7 @@ WorkspaceLayout backward_layout(const DeformConv2dCall& call, BackwardMode mode)
   const DeformWants w = deform_wants(call);
   add_deform_backward<A>(l, call.shape, w);
   if (mode == BackwardMode::kExact && w.input)
-    add_gather_cpu<A>(l, deform_exact_records(call.shape), deform_exact_positions(call.shape));
+    add_gather_cpu<A>(l, deform_exact_records(call.shape), deform_exact_positions(call.shape), call.op);
   if (mode == BackwardMode::kAtomic && w.input)  // the scatter's sample table
     l.add<detail::DeformScatterPoint<A>>(deform_chunk_images(call.shape) * call.shape.offset_groups *
                                          call.shape.taps() * call.shape.positions());
@@ -251,7 +251,7 @@ void exact_input(const DeformConv2dCall& call, const detail::DeformConv2dBackwar
   const DeformConv2dShape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const std::int64_t points = images * s.offset_groups * s.taps() * s.positions();
-  const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s));
+  const auto sentinel = static_cast<detail::GatherKey>(deform_exact_positions(s));
   for_each(points, 1024, ctx, [&](std::int64_t t) { detail::deform_conv2d_enumerate_element(t, a, sentinel, g.records); });
   detail::GatherSorted<A> sorted{};
   const std::int64_t runs = gather_sort_cpu(g, points * 4, sentinel, threads, sorted);

@@ -325,10 +325,10 @@ ExactChunk exact_chunk(const GridSampleShape& s) {
 }
 
 template <class A>
-WorkspaceLayout exact_layout(const GridSampleShape& s) {
+WorkspaceLayout exact_layout(const GridSampleShape& s, const char* op) {
   const ExactChunk ch = exact_chunk(s);
   WorkspaceLayout l;
-  add_gather_cpu<A>(l, ch.records, ch.positions);
+  add_gather_cpu<A>(l, ch.records, ch.positions, op);
   return l;
 }
 
@@ -341,11 +341,11 @@ void exact_backward(const GridSampleCall& call, const Context& ctx, Workspace ws
   const GridSampleShape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const ExactChunk ch = exact_chunk(s);
-  WorkspaceLayout layout = exact_layout<A>(s);
+  WorkspaceLayout layout = exact_layout<A>(s, call.op);
   layout.bind(ws.data);
   const GatherCpuBuffers<A> b = take_gather_cpu<A>(layout);
   const std::int64_t per_image_points = s.Ho * s.Wo;
-  const auto sentinel = static_cast<std::uint64_t>(ch.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(ch.positions);
   for (std::int64_t n0 = 0; n0 < s.N; n0 += ch.images) {
     const std::int64_t images = std::min(ch.images, s.N - n0);
     const std::int64_t points = images * per_image_points;
@@ -688,7 +688,7 @@ void backward(const GridSampleCall& call, BackwardMode mode, const Context& ctx,
 std::size_t grid_sample_cpu_exact_workspace(const GridSampleCall& call, CpuExactPath path) {
   if (path == CpuExactPath::kScatter) return 0;
   return dispatch_floating(call.input.dtype,
-                           [&](auto tag) { return exact_layout<acc_t<decltype(tag)>>(call.shape).bytes(); });
+                           [&](auto tag) { return exact_layout<acc_t<decltype(tag)>>(call.shape, call.op).bytes(); });
 }
 
 void grid_sample_cpu_exact_backward(const GridSampleCall& call, CpuExactPath path, const Context& ctx, Workspace ws) {

@@ -61,10 +61,10 @@ std::int64_t unit_grain(const MsdaShape& s) {
 
 /// The exact mode's workspace: the engine's arrays for one chunk.
 template <class A>
-WorkspaceLayout exact_layout(const MsdaShape& sh) {
+WorkspaceLayout exact_layout(const MsdaShape& sh, const char* op) {
   const std::int64_t planes = msda_chunk_planes(sh);
   WorkspaceLayout l;
-  add_gather_cpu<A>(l, planes * msda_plane_records(sh), planes * sh.S);
+  add_gather_cpu<A>(l, planes * msda_plane_records(sh), planes * sh.S, op);
   return l;
 }
 
@@ -126,8 +126,8 @@ void backward(const MsdaCall& call, BackwardMode mode, const Context& ctx, Works
 
 std::size_t ms_deform_attn_cpu_exact_workspace(const MsdaCall& call, CpuExactPath path) {
   if (path == CpuExactPath::kScatter) return 0;
-  return call.value.dtype == DType::kFloat64 ? exact_layout<double>(call.shape).bytes()
-                                              : exact_layout<float>(call.shape).bytes();
+  return call.value.dtype == DType::kFloat64 ? exact_layout<double>(call.shape, call.op).bytes()
+                                              : exact_layout<float>(call.shape, call.op).bytes();
 }
 
 void ms_deform_attn_cpu_exact_backward(const MsdaCall& call, CpuExactPath path, const Context& ctx, Workspace ws) {

@@ -307,25 +307,28 @@ struct ExactBuffers {
   detail::ExactRecords<A> slots{};
   detail::ExactRecords<A> sorted{};
   std::int64_t* roi_offsets = nullptr;
-  std::int64_t* sorted_ids = nullptr;
-  std::int64_t* buckets = nullptr;
-  std::uint64_t* run_keys = nullptr;
-  std::int64_t* run_offsets = nullptr;
-  std::int64_t* run_lengths = nullptr;
+  detail::GatherIndex* sorted_ids = nullptr;
+  detail::GatherIndex* buckets = nullptr;
+  detail::GatherKey* run_keys = nullptr;
+  detail::GatherIndex* run_offsets = nullptr;
+  detail::GatherIndex* run_lengths = nullptr;
 };
 
+/// One chunk: the whole batch (RoIAlign's exact bits predate the engine's chunks), checked
+/// against the engine's limits.
 template <class A>
-WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap) {
+WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
   WorkspaceLayout l;
   const std::int64_t positions = s.N * s.H * s.W;
+  gather_check_chunk(op, cap, positions);
   add_records<A>(l, cap, true);   // slots
   add_records<A>(l, cap, false);  // sorted copies (keys and ids are read through sorted_ids)
   l.add<std::int64_t>(s.K + 1);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
-  l.add<std::uint64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(cap);
+  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherIndex>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
+  l.add<detail::GatherKey>(cap);
+  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherIndex>(cap);
   return l;
 }
 
@@ -336,11 +339,11 @@ ExactBuffers<A> carve_exact(WorkspaceLayout& l, void* base) {
   b.slots = take_records<A>(l);
   b.sorted = take_records<A>(l);
   b.roi_offsets = l.take<std::int64_t>();
-  b.sorted_ids = l.take<std::int64_t>();
-  b.buckets = l.take<std::int64_t>();
-  b.run_keys = l.take<std::uint64_t>();
-  b.run_offsets = l.take<std::int64_t>();
-  b.run_lengths = l.take<std::int64_t>();
+  b.sorted_ids = l.take<detail::GatherIndex>();
+  b.buckets = l.take<detail::GatherIndex>();
+  b.run_keys = l.take<detail::GatherKey>();
+  b.run_offsets = l.take<detail::GatherIndex>();
+  b.run_lengths = l.take<detail::GatherIndex>();
   return b;
 }
 
@@ -350,10 +353,10 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   const detail::RoiAlignShape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const std::int64_t cap = exact_slot_capacity(s, check);
-  WorkspaceLayout layout = exact_layout<A>(s, cap);
+  WorkspaceLayout layout = exact_layout<A>(s, cap, call.op);
   ExactBuffers<A> b = carve_exact<A>(layout, ws.data);
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  const auto sentinel = static_cast<detail::GatherKey>(s.N * s.H * s.W);
 
   // Phase 1: per-roi slot offsets, then every (roi, bin) enumerates its slots.
   b.roi_offsets[0] = 0;
@@ -362,7 +365,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   parallel_for(cap, 1 << 16, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t j = lo; j < hi; ++j) {
       b.slots.keys[j] = sentinel;
-      b.slots.ids[j] = j;
+      b.slots.ids[j] = static_cast<detail::GatherIndex>(j);
     }
   });
   detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
@@ -434,7 +437,7 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiBackwardPlan& 
     case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, plan.check)).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, plan.check), call.op).bytes();
       });
   }
   return 0;

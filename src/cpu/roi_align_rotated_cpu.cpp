@@ -265,9 +265,9 @@ void scatter_backward(const RoiAlignRotatedCall& call, const Context& ctx, Targe
 // whatever the batch, and every destination's sum is the one a single chunk would give.
 
 template <class A>
-WorkspaceLayout exact_layout(const Shape& s, const RotatedExactChunks& ch) {
+WorkspaceLayout exact_layout(const Shape& s, const RotatedExactChunks& ch, const char* op) {
   WorkspaceLayout l;
-  add_gather_cpu<A>(l, ch.records, ch.positions);
+  add_gather_cpu<A>(l, ch.records, ch.positions, op);
   l.add<std::int64_t>(s.K + 1);  // record offsets per roi of the chunk, in samples
   return l;
 }
@@ -278,12 +278,12 @@ void exact_backward(const RoiAlignRotatedCall& call, const RoiCheck& check, cons
   const Shape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const RotatedExactChunks ch = rotated_exact_chunks(s, check);
-  WorkspaceLayout layout = exact_layout<A>(s, ch);
+  WorkspaceLayout layout = exact_layout<A>(s, ch, call.op);
   layout.bind(ws.data);
   const GatherCpuBuffers<A> g = take_gather_cpu<A>(layout);
   std::int64_t* roi_offsets = layout.take<std::int64_t>();
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(ch.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(ch.positions);
   const std::int64_t bins = s.PH * s.PW;
   T* grad_input = static_cast<T*>(call.features.data);
   const detail::Strides4 gi = strides4(call.features);
@@ -388,7 +388,7 @@ std::size_t backward_workspace(const RoiAlignRotatedCall& call, const RoiBackwar
     case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, rotated_exact_chunks(s, plan.check)).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, rotated_exact_chunks(s, plan.check), call.op).bytes();
       });
   }
   return 0;

@@ -126,7 +126,7 @@ struct ScatterBody {
 template <class T>
 struct EnumerateBody {
   detail::DeformConv2dBackwardArgs<T> a;
-  std::uint64_t sentinel;
+  detail::GatherKey sentinel;
   detail::GatherRecords<acc_t<T>> rec;
   DETOPS_HOST_DEVICE void operator()(std::int64_t t) const {
     detail::deform_conv2d_enumerate_element(t, a, sentinel, rec);
@@ -197,7 +197,7 @@ struct DeviceSteps {
     }
     // the engine: records per (image, offset group, tap, position) in canonical order, a stable
     // sort by key, then each destination's run summed in order (the run count stays on the device)
-    const auto sentinel = static_cast<std::uint64_t>(deform_exact_positions(s()));
+    const auto sentinel = static_cast<detail::GatherKey>(deform_exact_positions(s()));
     const std::int64_t points = images * s().offset_groups * s().taps() * s().positions(), records = points * 4;
     dev.launch("deform_enumerate", points, EnumerateBody<T>{a, sentinel, gather.records});
     const detail::GatherSorted<A> sorted = gather_sort(dev, gather, records, sentinel);
@@ -218,8 +218,7 @@ struct DeviceSteps {
 template <class Dev>
 std::size_t exact_temp_bytes(const Dev& dev, const DeformConv2dCall& call, BackwardMode mode) {
   if (mode != BackwardMode::kExact || !deform_wants(call).input) return 0;
-  return gather_temp_bytes(dev, deform_exact_records(call.shape),
-                           static_cast<std::uint64_t>(deform_exact_positions(call.shape)));
+  return gather_temp_bytes(dev, deform_exact_records(call.shape), deform_exact_positions(call.shape));
 }
 
 template <class A>

@@ -44,6 +44,7 @@
 #include "detops/detail/strided.h"
 #include "detops/tensor.h"
 #include "internal/common.h"
+#include "internal/gather_limits.h"
 
 namespace detops {
 namespace internal {
@@ -88,13 +89,13 @@ void zero_fill(const Dev& dev, const TensorView& v) {
 template <class A>
 struct GatherInitBody {
   detail::GatherRecords<A> rec;
-  std::uint64_t sentinel;
+  detail::GatherKey sentinel;
   DETOPS_HOST_DEVICE void operator()(std::int64_t j) const { detail::gather_init_record(j, rec, sentinel); }
 };
 
 template <class A>
 struct GatherPermuteBody {
-  const std::int64_t* sorted_ids;
+  const detail::GatherIndex* sorted_ids;
   const A* weights;
   const std::int64_t* sources;
   A* sorted_weights;
@@ -109,7 +110,7 @@ struct GatherPermuteBody {
 template <class T, class A, class U, class Target, class Active>
 struct GatherRunSumsBody {
   detail::GatherSumArgs<T, A, U> a;
-  const std::int64_t* num_runs;
+  const detail::GatherIndex* num_runs;
   bool channels_fastest;
   Target target;
   Active active;
@@ -123,29 +124,23 @@ struct GatherRunSumsBody {
 template <class A>
 struct GatherDeviceBuffers {
   detail::GatherRecords<A> records{};  // phase 1 writes these
-  std::uint64_t* sorted_keys = nullptr;
-  std::int64_t* sorted_ids = nullptr;
+  detail::GatherKey* sorted_keys = nullptr;
+  detail::GatherIndex* sorted_ids = nullptr;
   A* sorted_weights = nullptr;
   std::int64_t* sorted_sources = nullptr;
-  std::uint64_t* run_keys = nullptr;
-  std::int64_t* run_offsets = nullptr;
-  std::int64_t* run_lengths = nullptr;
-  std::int64_t* num_runs = nullptr;
+  detail::GatherKey* run_keys = nullptr;
+  detail::GatherIndex* run_offsets = nullptr;
+  detail::GatherIndex* run_lengths = nullptr;
+  detail::GatherIndex* num_runs = nullptr;
   void* temp = nullptr;
   std::size_t temp_bytes = 0;
 };
 
-/// CUB counts run-length-encoded items in int: one chunk holds at most 2^31 - 1 records.
-inline void gather_check_records(std::int64_t cap, const char* op) {
-  if (cap > std::numeric_limits<int>::max())
-    fail(ErrorCode::kOutOfMemory, "{}: the exact mode needs {} records in one chunk here; at most 2^31 - 1 are supported",
-         op, cap);
-}
-
-/// Temporary bytes of phase 2 over `cap` records with keys in [0, sentinel].
+/// Temporary bytes of phase 2 over `cap` records with keys in [0, sentinel] (checked against the
+/// engine's limits here: every op sizes its workspace through this before writing anything).
 template <class Dev>
-std::size_t gather_temp_bytes(const Dev& dev, std::int64_t cap, std::uint64_t sentinel) {
-  gather_check_records(cap, dev.op);
+std::size_t gather_temp_bytes(const Dev& dev, std::int64_t cap, std::int64_t sentinel) {
+  gather_check_chunk(dev.op, cap, sentinel);
   return std::max({dev.sort_pairs_bytes(cap, detail::gather_key_bits(sentinel)), dev.run_length_encode_bytes(cap),
                    dev.exclusive_sum_bytes(cap), std::size_t{1}});
 }
@@ -153,35 +148,35 @@ std::size_t gather_temp_bytes(const Dev& dev, std::int64_t cap, std::uint64_t se
 /// Sizes the arrays in `l` (take them back with take_gather after bind, same arguments).
 template <class A>
 void add_gather(WorkspaceLayout& l, std::int64_t cap, std::size_t temp_bytes) {
-  l.add<std::uint64_t>(cap);
-  l.add<std::int64_t>(cap);
+  l.add<detail::GatherKey>(cap);
+  l.add<detail::GatherIndex>(cap);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
-  l.add<std::uint64_t>(cap);
-  l.add<std::int64_t>(cap);
+  l.add<detail::GatherKey>(cap);
+  l.add<detail::GatherIndex>(cap);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
-  l.add<std::uint64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(1);
+  l.add<detail::GatherKey>(cap);
+  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherIndex>(1);
   l.add_bytes(temp_bytes);
 }
 template <class A>
 GatherDeviceBuffers<A> take_gather(WorkspaceLayout& l, std::size_t temp_bytes) {
   GatherDeviceBuffers<A> b;
-  b.records.keys = l.take<std::uint64_t>();
-  b.records.ids = l.take<std::int64_t>();
+  b.records.keys = l.take<detail::GatherKey>();
+  b.records.ids = l.take<detail::GatherIndex>();
   b.records.weights = l.take<A>();
   b.records.sources = l.take<std::int64_t>();
-  b.sorted_keys = l.take<std::uint64_t>();
-  b.sorted_ids = l.take<std::int64_t>();
+  b.sorted_keys = l.take<detail::GatherKey>();
+  b.sorted_ids = l.take<detail::GatherIndex>();
   b.sorted_weights = l.take<A>();
   b.sorted_sources = l.take<std::int64_t>();
-  b.run_keys = l.take<std::uint64_t>();
-  b.run_offsets = l.take<std::int64_t>();
-  b.run_lengths = l.take<std::int64_t>();
-  b.num_runs = l.take<std::int64_t>();
+  b.run_keys = l.take<detail::GatherKey>();
+  b.run_offsets = l.take<detail::GatherIndex>();
+  b.run_lengths = l.take<detail::GatherIndex>();
+  b.num_runs = l.take<detail::GatherIndex>();
   b.temp = l.take<unsigned char>();
   b.temp_bytes = temp_bytes;
   return b;
@@ -189,7 +184,7 @@ GatherDeviceBuffers<A> take_gather(WorkspaceLayout& l, std::size_t temp_bytes) {
 
 /// Before phase 1: every record of [0, n) set to the sentinel.
 template <class A, class Dev>
-void gather_init(const Dev& dev, const GatherDeviceBuffers<A>& b, std::int64_t n, std::uint64_t sentinel) {
+void gather_init(const Dev& dev, const GatherDeviceBuffers<A>& b, std::int64_t n, detail::GatherKey sentinel) {
   dev.launch("gather_init_records", n, GatherInitBody<A>{b.records, sentinel});
 }
 
@@ -197,14 +192,14 @@ void gather_init(const Dev& dev, const GatherDeviceBuffers<A>& b, std::int64_t n
 /// the device. Returns the sorted view phase 3 reads.
 template <class A, class Dev>
 detail::GatherSorted<A> gather_sort(const Dev& dev, const GatherDeviceBuffers<A>& b, std::int64_t n,
-                                    std::uint64_t sentinel) {
-  gather_check_records(n, dev.op);
+                                    detail::GatherKey sentinel) {
+  gather_check_chunk(dev.op, n, sentinel);
   dev.sort_pairs(b.temp, b.temp_bytes, b.records.keys, b.sorted_keys, b.records.ids, b.sorted_ids, n,
                  detail::gather_key_bits(sentinel));
   dev.launch("gather_permute_records", n,
              GatherPermuteBody<A>{b.sorted_ids, b.records.weights, b.records.sources, b.sorted_weights,
                                   b.sorted_sources});
-  dev.zero(b.run_lengths, static_cast<std::size_t>(n) * sizeof(std::int64_t));
+  dev.zero(b.run_lengths, static_cast<std::size_t>(n) * sizeof(detail::GatherIndex));
   dev.run_length_encode(b.temp, b.temp_bytes, b.sorted_keys, b.run_keys, b.run_lengths, b.num_runs, n);
   dev.exclusive_sum(b.temp, b.temp_bytes, b.run_lengths, b.run_offsets, n);
   return {b.run_keys, b.run_offsets, b.run_lengths, b.sorted_weights, b.sorted_sources};
@@ -213,7 +208,7 @@ detail::GatherSorted<A> gather_sort(const Dev& dev, const GatherDeviceBuffers<A>
 /// Phase 3: one thread per (run, channel) for up to `max_runs` runs (the device count decides how
 /// many do work). The sentinel's run, when present, writes nothing.
 template <class T, class A, class U, class Target, class Active = detail::GatherAllActive, class Dev>
-void gather_sum(const Dev& dev, const detail::GatherSumArgs<T, A, U>& a, const std::int64_t* num_runs,
+void gather_sum(const Dev& dev, const detail::GatherSumArgs<T, A, U>& a, const detail::GatherIndex* num_runs,
                 std::int64_t max_runs, bool channels_fastest, const Target& target, const Active& active = Active{}) {
   if (max_runs <= 0 || a.C <= 0) return;
   dev.launch("gather_run_sums", max_runs * a.C,

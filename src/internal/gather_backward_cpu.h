@@ -15,6 +15,7 @@
 
 #include "detops/detail/gather_backward.h"
 #include "internal/common.h"
+#include "internal/gather_limits.h"
 
 namespace detops {
 namespace internal {
@@ -34,28 +35,30 @@ inline std::int64_t gather_run_capacity(std::int64_t records, std::int64_t posit
 /// gather_run_capacity entries each). `buckets` has positions + 2 entries when
 /// gather_counting_sort(positions, n), and may be null otherwise. Returns the number of runs.
 /// Sequential: its cost is a few passes over n integers.
-inline std::int64_t gather_sort_keys_cpu(const std::uint64_t* keys, std::int64_t n, std::uint64_t positions,
-                                         std::int64_t* sorted_ids, std::int64_t* buckets, std::uint64_t* run_keys,
-                                         std::int64_t* run_offsets, std::int64_t* run_lengths) {
-  const std::int64_t p = static_cast<std::int64_t>(positions);
+inline std::int64_t gather_sort_keys_cpu(const detail::GatherKey* keys, std::int64_t n, detail::GatherKey positions,
+                                         detail::GatherIndex* sorted_ids, detail::GatherIndex* buckets,
+                                         detail::GatherKey* run_keys, detail::GatherIndex* run_offsets,
+                                         detail::GatherIndex* run_lengths) {
+  using detail::GatherIndex;
+  const std::int64_t p = positions;
   if (gather_counting_sort(p, n)) {
-    std::fill(buckets, buckets + p + 2, std::int64_t{0});
-    for (std::int64_t j = 0; j < n; ++j) ++buckets[keys[j] + 1];
+    std::fill(buckets, buckets + p + 2, GatherIndex{0});
+    for (std::int64_t j = 0; j < n; ++j) ++buckets[std::int64_t{keys[j]} + 1];
     for (std::int64_t q = 0; q <= p; ++q) buckets[q + 1] += buckets[q];
-    for (std::int64_t j = 0; j < n; ++j) sorted_ids[buckets[keys[j]]++] = j;
+    for (std::int64_t j = 0; j < n; ++j) sorted_ids[buckets[keys[j]]++] = static_cast<GatherIndex>(j);
   } else {
-    std::iota(sorted_ids, sorted_ids + n, std::int64_t{0});
-    std::stable_sort(sorted_ids, sorted_ids + n, [&](std::int64_t x, std::int64_t y) { return keys[x] < keys[y]; });
+    std::iota(sorted_ids, sorted_ids + n, GatherIndex{0});
+    std::stable_sort(sorted_ids, sorted_ids + n, [&](GatherIndex x, GatherIndex y) { return keys[x] < keys[y]; });
   }
   std::int64_t runs = 0;
   for (std::int64_t r = 0; r < n;) {
-    const std::uint64_t key = keys[sorted_ids[r]];
+    const detail::GatherKey key = keys[sorted_ids[r]];
     if (key >= positions) break;  // sentinels sort last
     std::int64_t e = r + 1;
     while (e < n && keys[sorted_ids[e]] == key) ++e;
     run_keys[runs] = key;
-    run_offsets[runs] = r;
-    run_lengths[runs] = e - r;
+    run_offsets[runs] = static_cast<GatherIndex>(r);
+    run_lengths[runs] = static_cast<GatherIndex>(e - r);
     ++runs;
     r = e;
   }
@@ -66,55 +69,57 @@ inline std::int64_t gather_sort_keys_cpu(const std::uint64_t* keys, std::int64_t
 template <class A>
 struct GatherCpuBuffers {
   detail::GatherRecords<A> records{};  // phase 1 writes these (ids stays null on the CPU)
-  std::int64_t* sorted_ids = nullptr;
-  std::int64_t* buckets = nullptr;
+  detail::GatherIndex* sorted_ids = nullptr;
+  detail::GatherIndex* buckets = nullptr;
   A* sorted_weights = nullptr;
   std::int64_t* sorted_sources = nullptr;
-  std::uint64_t* run_keys = nullptr;
-  std::int64_t* run_offsets = nullptr;
-  std::int64_t* run_lengths = nullptr;
+  detail::GatherKey* run_keys = nullptr;
+  detail::GatherIndex* run_offsets = nullptr;
+  detail::GatherIndex* run_lengths = nullptr;
 };
 
-/// Sizes the arrays in `l` (one fixed order; take them back with take_gather_cpu after bind).
+/// Sizes the arrays in `l` (one fixed order; take them back with take_gather_cpu after bind),
+/// after checking the chunk against the engine's limits (`op` names it in the message).
 template <class A>
-void add_gather_cpu(WorkspaceLayout& l, std::int64_t cap, std::int64_t positions) {
+void add_gather_cpu(WorkspaceLayout& l, std::int64_t cap, std::int64_t positions, const char* op) {
+  gather_check_chunk(op, cap, positions);
   const std::int64_t runs = gather_run_capacity(cap, positions);
-  l.add<std::uint64_t>(cap);
+  l.add<detail::GatherKey>(cap);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
+  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherIndex>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
-  l.add<std::uint64_t>(runs);
-  l.add<std::int64_t>(runs);
-  l.add<std::int64_t>(runs);
+  l.add<detail::GatherKey>(runs);
+  l.add<detail::GatherIndex>(runs);
+  l.add<detail::GatherIndex>(runs);
 }
 template <class A>
 GatherCpuBuffers<A> take_gather_cpu(WorkspaceLayout& l) {
   GatherCpuBuffers<A> b;
-  b.records.keys = l.take<std::uint64_t>();
+  b.records.keys = l.take<detail::GatherKey>();
   b.records.ids = nullptr;
   b.records.weights = l.take<A>();
   b.records.sources = l.take<std::int64_t>();
-  b.sorted_ids = l.take<std::int64_t>();
-  b.buckets = l.take<std::int64_t>();
+  b.sorted_ids = l.take<detail::GatherIndex>();
+  b.buckets = l.take<detail::GatherIndex>();
   b.sorted_weights = l.take<A>();
   b.sorted_sources = l.take<std::int64_t>();
-  b.run_keys = l.take<std::uint64_t>();
-  b.run_offsets = l.take<std::int64_t>();
-  b.run_lengths = l.take<std::int64_t>();
+  b.run_keys = l.take<detail::GatherKey>();
+  b.run_offsets = l.take<detail::GatherIndex>();
+  b.run_lengths = l.take<detail::GatherIndex>();
   return b;
 }
 
 /// Phase 2 for records [0, n) of `b` (n <= cap, keys in [0, positions]): sorts, permutes, and
 /// returns the number of runs; `sorted` receives the view phase 3 reads.
 template <class A>
-std::int64_t gather_sort_cpu(const GatherCpuBuffers<A>& b, std::int64_t n, std::uint64_t positions, int threads,
+std::int64_t gather_sort_cpu(const GatherCpuBuffers<A>& b, std::int64_t n, detail::GatherKey positions, int threads,
                              detail::GatherSorted<A>& sorted) {
   const std::int64_t runs = gather_sort_keys_cpu(b.records.keys, n, positions, b.sorted_ids, b.buckets, b.run_keys,
                                                  b.run_offsets, b.run_lengths);
-  const std::int64_t used = runs == 0 ? 0 : b.run_offsets[runs - 1] + b.run_lengths[runs - 1];  // sentinels last
+  const std::int64_t used = runs == 0 ? 0 : std::int64_t{b.run_offsets[runs - 1]} + b.run_lengths[runs - 1];  // sentinels last
   parallel_for(used, 1 << 14, threads, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t r = lo; r < hi; ++r)
       detail::gather_permute_record(r, b.sorted_ids, b.records.weights, b.records.sources, b.sorted_weights,
@@ -138,7 +143,7 @@ void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, 
     parallel_for(a.C, 1, threads, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t c = lo; c < hi; ++c)
         for (std::int64_t run = 0; run < runs; ++run) {
-          const std::uint64_t key = a.sorted.run_keys[run];
+          const detail::GatherKey key = a.sorted.run_keys[run];
           if (key >= a.sentinel) continue;
           a.out[target(key) + c * a.out_c] =
               from_acc<T>(detail::gather_run_sum(a.sorted, run, a.upstream, a.upstream_c, c, a.split, active));
@@ -152,7 +157,7 @@ void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, 
     if (rows) {
       std::vector<A> total(static_cast<std::size_t>(a.C)), part(total.size());
       for (std::int64_t run = lo; run < hi; ++run) {
-        const std::uint64_t key = a.sorted.run_keys[run];
+        const detail::GatherKey key = a.sorted.run_keys[run];
         if (key >= a.sentinel) continue;
         const std::int64_t begin = a.sorted.run_offsets[run], end = begin + a.sorted.run_lengths[run];
         const std::int64_t split = a.split <= 0 || end - begin <= a.split ? end - begin : a.split;
@@ -179,7 +184,7 @@ void gather_sum_cpu(const detail::GatherSumArgs<T, A, U>& a, std::int64_t runs, 
       }
     } else {
       for (std::int64_t run = lo; run < hi; ++run) {
-        const std::uint64_t key = a.sorted.run_keys[run];
+        const detail::GatherKey key = a.sorted.run_keys[run];
         if (key >= a.sentinel) continue;
         T* out = a.out + target(key);
         for (std::int64_t c = 0; c < a.C; ++c)

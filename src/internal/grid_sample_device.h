@@ -46,7 +46,7 @@ template <class T>
 struct EnumerateBody {
   detail::GridSampleBackwardArgs<T> a;
   std::int64_t n0;
-  std::uint64_t sentinel;
+  detail::GatherKey sentinel;
   detail::GatherRecords<acc_t<T>> rec;
   DETOPS_HOST_DEVICE void operator()(std::int64_t t) const {
     detail::grid_sample_enumerate_element(t, a, n0, sentinel, rec);
@@ -65,7 +65,7 @@ inline ExactChunk exact_chunk(const detail::GridSampleShape& s) {
 template <class Dev>
 std::size_t exact_temp_bytes(const Dev& dev, const GridSampleCall& call) {
   const ExactChunk ch = exact_chunk(call.shape);
-  return gather_temp_bytes(dev, ch.records, static_cast<std::uint64_t>(ch.positions));
+  return gather_temp_bytes(dev, ch.records, ch.positions);
 }
 
 template <class A>
@@ -87,7 +87,7 @@ void exact_backward(const Dev& dev, const GridSampleCall& call, Workspace ws) {
   WorkspaceLayout layout = exact_layout<A>(call, temp_bytes);
   layout.bind(ws.data);
   const GatherDeviceBuffers<A> b = take_gather<A>(layout, temp_bytes);
-  const auto sentinel = static_cast<std::uint64_t>(ch.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(ch.positions);
   const bool channels_fastest = channels_innermost(call.grad_input);
   for (std::int64_t n0 = 0; n0 < s.N; n0 += ch.images) {
     const std::int64_t points = std::min(ch.images, s.N - n0) * s.Ho * s.Wo;

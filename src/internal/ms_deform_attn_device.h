@@ -50,7 +50,7 @@ template <class T, class Loc>
 struct RecordsBody {
   detail::MsdaBackwardArgs<T, Loc> a;
   std::int64_t plane0;
-  std::uint64_t sentinel;
+  detail::GatherKey sentinel;
   detail::GatherRecords<acc_t<T>> rec;
   DETOPS_HOST_DEVICE void operator()(std::int64_t t) const {
     detail::msda_exact_records_element(t, a, plane0, sentinel, rec);
@@ -61,8 +61,8 @@ struct RecordsBody {
 inline std::int64_t chunk_records(const MsdaCall& call) {
   return msda_chunk_planes(call.shape) * msda_plane_records(call.shape);
 }
-inline std::uint64_t chunk_sentinel(const MsdaCall& call) {
-  return static_cast<std::uint64_t>(msda_chunk_planes(call.shape) * call.shape.S);
+inline std::int64_t chunk_sentinel(const MsdaCall& call) {
+  return msda_chunk_planes(call.shape) * call.shape.S;
 }
 
 template <class A>
@@ -90,7 +90,7 @@ void exact_value(const Dev& dev, const MsdaCall& call, const detail::MsdaBackwar
   for (std::int64_t plane0 = 0; plane0 < sh.B * sh.M; plane0 += chunk) {
     const std::int64_t planes = std::min(chunk, sh.B * sh.M - plane0);
     const std::int64_t samples = planes * per_plane, n = samples * detail::kMsdaCorners;
-    const auto sentinel = static_cast<std::uint64_t>(planes * sh.S);
+    const auto sentinel = static_cast<detail::GatherKey>(planes * sh.S);
     dev.launch("msda_records", samples, RecordsBody<T, Loc>{a, plane0, sentinel, buf.records});
     const detail::GatherSorted<A> sorted = gather_sort(dev, buf, n, sentinel);
     const detail::GatherSumArgs<T, A> sum{sorted, a.grad_out, a.gos[2], a.grad_value, a.gvs[3], sh.D, sentinel,

@@ -69,8 +69,8 @@ inline std::int64_t exact_slot_capacity(const detail::RoiAlignShape& s, const Ro
 /// take_records() takes it back in the same order after bind(), with the same `with_divisors`.
 template <class A>
 void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys, bool with_divisors = false) {
-  l.add<std::uint64_t>(with_keys ? cap : 0);
-  l.add<std::int64_t>(with_keys ? cap : 0);
+  l.add<detail::GatherKey>(with_keys ? cap : 0);
+  l.add<detail::GatherIndex>(with_keys ? cap : 0);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
   l.add<std::int64_t>(cap);
@@ -80,8 +80,8 @@ void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys, bool with
 template <class A>
 detail::ExactRecords<A> take_records(WorkspaceLayout& l, bool with_divisors = false) {
   detail::ExactRecords<A> r;
-  r.keys = l.take<std::uint64_t>();
-  r.ids = l.take<std::int64_t>();
+  r.keys = l.take<detail::GatherKey>();
+  r.ids = l.take<detail::GatherIndex>();
   r.weights = l.take<A>();
   r.go_offsets = l.take<std::int64_t>();
   r.am_offsets = l.take<std::int64_t>();
@@ -93,8 +93,8 @@ detail::ExactRecords<A> take_records(WorkspaceLayout& l, bool with_divisors = fa
 /// Phase 3's arguments: the sorted slots, their runs, and the call's tensors.
 template <class T>
 detail::GatherArgs<T> make_gather_args(const RoiAlignCall& call, const detail::ExactRecords<acc_t<T>>& sorted,
-                                       const std::uint64_t* run_keys, const std::int64_t* run_offsets,
-                                       const std::int64_t* run_lengths) {
+                                       const detail::GatherKey* run_keys, const detail::GatherIndex* run_offsets,
+                                       const detail::GatherIndex* run_lengths) {
   detail::GatherArgs<T> ga{};
   ga.sorted = {run_keys, run_offsets, run_lengths, sorted.weights, sorted.go_offsets};
   ga.grad_output = static_cast<const T*>(call.pooled.data);

@@ -63,7 +63,7 @@ struct CountBody {
 template <class A>
 struct InitSlotsBody {
   detail::ExactRecords<A> rec;
-  std::uint64_t sentinel;
+  detail::GatherKey sentinel;
   DETOPS_HOST_DEVICE void operator()(std::int64_t j) const { detail::roi_align_exact_init_slot(j, rec, sentinel); }
 };
 
@@ -76,7 +76,7 @@ struct EnumerateBody {
 /// RoIAlign's own slot fields into sorted order (the engine permutes weights and sources).
 template <class A>
 struct PermuteExtrasBody {
-  const std::int64_t* sorted_ids;
+  const detail::GatherIndex* sorted_ids;
   detail::ExactRecords<A> from, to;
   DETOPS_HOST_DEVICE void operator()(std::int64_t r) const { detail::roi_align_permute_extras(r, sorted_ids, from, to); }
 };
@@ -86,7 +86,7 @@ struct PermuteExtrasBody {
 template <class T>
 struct TruncatedGatherBody {
   detail::GatherArgs<T> a;
-  const std::int64_t* num_runs;
+  const detail::GatherIndex* num_runs;
   bool channels_last;
   DETOPS_HOST_DEVICE void operator()(std::int64_t t) const {
     const std::int64_t runs = *num_runs;
@@ -109,8 +109,8 @@ struct ExactBuffers {
   std::int64_t* roi_offsets = nullptr;
 };
 
-inline std::uint64_t sentinel_of(const detail::RoiAlignShape& s) {
-  return static_cast<std::uint64_t>(s.N * s.H * s.W);
+inline std::int64_t sentinel_of(const detail::RoiAlignShape& s) {
+  return s.N * s.H * s.W;
 }
 
 template <class Dev>
@@ -181,7 +181,7 @@ void exact_backward(const Dev& dev, const RoiAlignCall& call, const RoiCheck& ch
   check_exact_workspace(call.op, truncated ? "truncated" : "exact", layout.bytes(), ws);
   ExactBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, truncated);
   const detail::RoiSource rois = roi_source(call.rois);
-  const std::uint64_t sentinel = sentinel_of(s);
+  const auto sentinel = static_cast<detail::GatherKey>(sentinel_of(s));  // checked by the workspace query
 
   zero_fill<T>(dev, call.features);
   // Phase 1: slot offsets per roi, then enumerate.

@@ -73,7 +73,7 @@ struct EnumerateBody {
 };
 
 struct PermuteDivisorBody {
-  const std::int64_t* sorted_ids;
+  const detail::GatherIndex* sorted_ids;
   const double* divisors;
   double* sorted_divisors;
   DETOPS_HOST_DEVICE void operator()(std::int64_t r) const {
@@ -85,7 +85,7 @@ struct PermuteDivisorBody {
 /// device) decides which do work.
 struct TruncatedGatherBody {
   detail::RotatedTruncatedArgs a;
-  const std::int64_t* num_runs;
+  const detail::GatherIndex* num_runs;
   bool channels_last;
   DETOPS_HOST_DEVICE void operator()(std::int64_t t) const {
     const std::int64_t runs = *num_runs;
@@ -113,7 +113,7 @@ WorkspaceLayout exact_layout(const Shape& s, const RotatedExactChunks& ch, std::
 
 template <class Dev>
 std::size_t exact_temp_bytes(const Dev& dev, const Shape& s, const RotatedExactChunks& ch) {
-  return roi_exact_temp_bytes_on(dev, s.K, ch.records, static_cast<std::uint64_t>(ch.positions));
+  return roi_exact_temp_bytes_on(dev, s.K, ch.records, ch.positions);
 }
 
 /// The exact mode; with `rounding` (float64 only) the truncated mode, which runs the same phases
@@ -140,7 +140,7 @@ void exact_backward(const Dev& dev, const RoiAlignRotatedCall& call, const RoiCh
   double* divisors = layout.take<double>();
   double* sorted_divisors = layout.take<double>();
   const detail::RoiSource rois = roi_source(call.rois);
-  const auto sentinel = static_cast<std::uint64_t>(ch.positions);
+  const auto sentinel = static_cast<detail::GatherKey>(ch.positions);
   const bool channels_last = channels_innermost(call.features);
   const std::int64_t max_runs = std::min(cap, ch.positions + 1);
   const detail::Strides4 gi = strides4(call.features);

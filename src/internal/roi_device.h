@@ -207,7 +207,7 @@ void roi_backward_on(const Dev& dev, const TensorView& grad_input, const detail:
 /// Temporary bytes of the exact mode: the engine's phase 2 over `records` records with keys up to
 /// `sentinel`, and the scan of K + 1 per-roi counts into record offsets.
 template <class Dev>
-std::size_t roi_exact_temp_bytes_on(const Dev& dev, std::int64_t K, std::int64_t records, std::uint64_t sentinel) {
+std::size_t roi_exact_temp_bytes_on(const Dev& dev, std::int64_t K, std::int64_t records, std::int64_t sentinel) {
   return std::max(gather_temp_bytes(dev, records, sentinel), dev.exclusive_sum_bytes(K + 1));
 }
 

@@ -392,7 +392,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_scatter_element(std::int64_t t, con
 /// the sentinel.
 template <class T>
 DETOPS_HOST_DEVICE inline void deform_conv2d_enumerate_element(std::int64_t t, const DeformConv2dBackwardArgs<T>& a,
-                                                               std::uint64_t sentinel,
+                                                               GatherKey sentinel,
                                                                const GatherRecords<acc_t<T>>& rec) {
   using A = acc_t<T>;
   const DeformConv2dShape& s = a.f.s;
@@ -408,7 +408,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_enumerate_element(std::int64_t t, c
       continue;
     }
     const std::int64_t yp = k.y0 + (corner >> 1), xp = k.x0 + (corner & 1);
-    const auto key = static_cast<std::uint64_t>(((b * og + g) * s.H + yp) * s.W + xp);
+    const auto key = static_cast<GatherKey>(((b * og + g) * s.H + yp) * s.W + xp);
     gather_set_record(rec, 4 * t + corner, key, w * pt.m, source);
   }
 }
@@ -417,7 +417,7 @@ DETOPS_HOST_DEVICE inline void deform_conv2d_enumerate_element(std::int64_t t, c
 struct DeformConv2dTarget {
   std::int64_t n0, og, cog, H, W;
   Strides4 gi;
-  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
+  DETOPS_HOST_DEVICE std::int64_t operator()(GatherKey key) const {
     const auto k = static_cast<std::int64_t>(key);
     const std::int64_t plane = H * W, r = k % plane, bg = k / plane;
     return (n0 + bg / og) * gi.s0 + (bg % og) * cog * gi.s1 + (r / W) * gi.s2 + (r % W) * gi.s3;

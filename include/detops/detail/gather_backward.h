@@ -27,12 +27,19 @@
 namespace detops {
 namespace detail {
 
+/// A record's destination within its chunk (the sort's key): a chunk has fewer than 2^32
+/// destinations (the sentinel included), so keys take 32 bits (internal::gather_check_chunk).
+using GatherKey = std::uint32_t;
+/// An index into a chunk's records or runs: a chunk has at most 2^31 - 1 records (CUB counts
+/// runs in int), so the sort's payload, the run offsets and lengths take 32 bits.
+using GatherIndex = std::int32_t;
+
 /// One chunk's records in enumeration order (phase 1 writes them). `ids` is the sort's payload
 /// on CUDA (j itself); the CPU sort writes a permutation instead and leaves it unused.
 template <class A>
 struct GatherRecords {
-  std::uint64_t* keys;
-  std::int64_t* ids;
+  GatherKey* keys;
+  GatherIndex* ids;
   A* weights;
   std::int64_t* sources;
 };
@@ -41,19 +48,19 @@ struct GatherRecords {
 /// (a skipped sample, an invalid row) are then fully defined and sort last.
 template <class A>
 DETOPS_HOST_DEVICE inline void gather_init_record(std::int64_t j, const GatherRecords<A>& rec,
-                                                  std::uint64_t sentinel) {
+                                                  GatherKey sentinel) {
   rec.keys[j] = sentinel;
-  if (rec.ids) rec.ids[j] = j;
+  if (rec.ids) rec.ids[j] = static_cast<GatherIndex>(j);
   rec.weights[j] = A(0);
   rec.sources[j] = 0;
 }
 
 /// Stores record j.
 template <class A>
-DETOPS_HOST_DEVICE inline void gather_set_record(const GatherRecords<A>& rec, std::int64_t j, std::uint64_t key, A weight,
+DETOPS_HOST_DEVICE inline void gather_set_record(const GatherRecords<A>& rec, std::int64_t j, GatherKey key, A weight,
                                                  std::int64_t source) {
   rec.keys[j] = key;
-  if (rec.ids) rec.ids[j] = j;
+  if (rec.ids) rec.ids[j] = static_cast<GatherIndex>(j);
   rec.weights[j] = weight;
   rec.sources[j] = source;
 }
@@ -61,9 +68,9 @@ DETOPS_HOST_DEVICE inline void gather_set_record(const GatherRecords<A>& rec, st
 /// The records in sorted order, cut into runs of one destination.
 template <class A>
 struct GatherSorted {
-  const std::uint64_t* run_keys;
-  const std::int64_t* run_offsets;  // first sorted record of each run
-  const std::int64_t* run_lengths;
+  const GatherKey* run_keys;
+  const GatherIndex* run_offsets;   // first sorted record of each run
+  const GatherIndex* run_lengths;
   const A* weights;                 // sorted order
   const std::int64_t* sources;      // sorted order
 };
@@ -71,10 +78,10 @@ struct GatherSorted {
 /// Phase 2's permutation, one sorted record per thread: the r-th sorted record is record
 /// sorted_ids[r].
 template <class A>
-DETOPS_HOST_DEVICE inline void gather_permute_record(std::int64_t r, const std::int64_t* sorted_ids, const A* weights,
+DETOPS_HOST_DEVICE inline void gather_permute_record(std::int64_t r, const GatherIndex* sorted_ids, const A* weights,
                                                      const std::int64_t* sources, A* sorted_weights,
                                                      std::int64_t* sorted_sources) {
-  const std::int64_t j = sorted_ids[r];
+  const GatherIndex j = sorted_ids[r];
   sorted_weights[r] = weights[j];
   sorted_sources[r] = sources[j];
 }
@@ -85,8 +92,9 @@ DETOPS_HOST_DEVICE inline void gather_permute_record(std::int64_t r, const std::
 constexpr std::int64_t kGatherPartial = 256;
 
 /// The records of one chunk an op aims for: it takes as many whole planes as fit in
-/// max(one plane's records, kGatherChunkRecords), so the CPU workspace stays near 32 MB (at most
-/// 64 bytes per record) however large the batch, and a larger batch only means more chunks. A
+/// max(one plane's records, kGatherChunkRecords), so the CPU workspace stays near 16 MB (at most
+/// 32 bytes per record with float weights, plus the runs) however large the batch, and a larger
+/// batch only means more chunks. A
 /// chunk never splits a plane and a destination belongs to one plane, so chunking changes no sum.
 constexpr std::int64_t kGatherChunkRecords = std::int64_t{1} << 19;
 
@@ -116,7 +124,7 @@ template <class T, class A, class Active = GatherAllActive>
 DETOPS_HOST_DEVICE inline A gather_run_sum(const GatherSorted<A>& g, std::int64_t run, const T* upstream,
                                            std::int64_t upstream_c, std::int64_t c, std::int64_t split,
                                            const Active& active = Active{}) {
-  const std::int64_t begin = g.run_offsets[run], end = begin + g.run_lengths[run];
+  const std::int64_t begin = g.run_offsets[run], end = begin + std::int64_t{g.run_lengths[run]};
   if (split <= 0 || end - begin <= split) return gather_partial_sum(g, begin, end, upstream, upstream_c, c, active);
   A total = A(0);
   for (std::int64_t p = begin; p < end; p += split) {
@@ -136,7 +144,7 @@ struct GatherSumArgs {
   T* out;                   // the gradient written (grad_input)
   std::int64_t out_c;       // its channel stride
   std::int64_t C;           // channels
-  std::uint64_t sentinel;   // = positions
+  GatherKey sentinel;       // = positions
   std::int64_t split;       // partial length, <= 0 for none
 };
 
@@ -150,16 +158,16 @@ DETOPS_HOST_DEVICE inline void gather_run_element(std::int64_t t, const GatherSu
                                                   const Active& active = Active{}) {
   const std::int64_t run = channels_fastest ? t / a.C : t % runs;
   const std::int64_t c = channels_fastest ? t % a.C : t / runs;
-  const std::uint64_t key = a.sorted.run_keys[run];
+  const GatherKey key = a.sorted.run_keys[run];
   if (key >= a.sentinel) return;
   a.out[target(key) + c * a.out_c] = from_acc<T>(gather_run_sum(a.sorted, run, a.upstream, a.upstream_c, c, a.split,
                                                                 active));
 }
 
 /// Bits of a radix sort over keys in [0, sentinel].
-DETOPS_HOST_DEVICE inline int gather_key_bits(std::uint64_t sentinel) {
+DETOPS_HOST_DEVICE inline int gather_key_bits(GatherKey sentinel) {
   int bits = 1;
-  while (bits < 64 && (sentinel >> bits) != 0) ++bits;
+  while (bits < 32 && (sentinel >> bits) != 0) ++bits;
   return bits;
 }
 

@@ -193,7 +193,7 @@ DETOPS_HOST_DEVICE inline std::int64_t grid_sample_records_per_point(const GridS
 /// the sentinel (the chunk's positions: its capacity in images times H * W).
 template <class T>
 DETOPS_HOST_DEVICE inline void grid_sample_enumerate_element(std::int64_t t, const GridSampleBackwardArgs<T>& a,
-                                                             std::int64_t n0, std::uint64_t sentinel,
+                                                             std::int64_t n0, GatherKey sentinel,
                                                              const GatherRecords<acc_t<T>>& rec) {
   using A = acc_t<T>;
   const GridSampleShape& s = a.g.shape;
@@ -204,7 +204,7 @@ DETOPS_HOST_DEVICE inline void grid_sample_enumerate_element(std::int64_t t, con
   for (std::int64_t k = 0; k < K; ++k) {
     const std::int64_t j = t * K + k;
     if (p.count > 0 && p.valid[k]) {
-      const auto key = static_cast<std::uint64_t>(((n - n0) * s.H + p.iy[k]) * s.W + p.ix[k]);
+      const auto key = static_cast<GatherKey>(((n - n0) * s.H + p.iy[k]) * s.W + p.ix[k]);
       gather_set_record(rec, j, key, p.weight[k], source);
     } else {
       gather_set_record(rec, j, sentinel, A(0), std::int64_t{0});
@@ -217,7 +217,7 @@ DETOPS_HOST_DEVICE inline void grid_sample_enumerate_element(std::int64_t t, con
 struct GridSampleTarget {
   std::int64_t n0, H, W;
   GridSampleStrides gi;
-  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
+  DETOPS_HOST_DEVICE std::int64_t operator()(GatherKey key) const {
     const auto k = static_cast<std::int64_t>(key);
     const std::int64_t plane = H * W, r = k % plane;
     return (n0 + k / plane) * gi.s0 + (r / W) * gi.s2 + (r % W) * gi.s3;

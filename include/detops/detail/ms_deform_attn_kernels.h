@@ -201,7 +201,7 @@ DETOPS_HOST_DEVICE inline void msda_location_grad_element(std::int64_t i, const 
 struct MsdaValueTarget {
   std::int64_t plane0, S, M;
   std::int64_t s0, s1, s2;  // grad_value's strides over b, s, m
-  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
+  DETOPS_HOST_DEVICE std::int64_t operator()(GatherKey key) const {
     const std::int64_t k = static_cast<std::int64_t>(key);
     const std::int64_t plane = plane0 + k / S;
     return (plane / M) * s0 + (k % S) * s1 + (plane % M) * s2;
@@ -213,12 +213,12 @@ struct MsdaValueTarget {
 /// a corner outside its level. Shared by msda_exact_records_element and the CPU backend.
 template <class A>
 DETOPS_HOST_DEVICE inline void msda_sample_records(const MsdaSample<A>& s, A attn, std::int64_t t, std::int64_t local,
-                                                   std::int64_t S, std::int64_t source, std::uint64_t sentinel,
+                                                   std::int64_t S, std::int64_t source, GatherKey sentinel,
                                                    const GatherRecords<A>& rec) {
   for (int c = 0; c < kMsdaCorners; ++c) {
     const std::int64_t j = 4 * t + c;
     if (s.valid && s.inside[c]) {
-      gather_set_record(rec, j, static_cast<std::uint64_t>(local * S + s.row[c]), msda_corner_weight(s, c, attn),
+      gather_set_record(rec, j, static_cast<GatherKey>(local * S + s.row[c]), msda_corner_weight(s, c, attn),
                         source);
     } else {
       gather_init_record(j, rec, sentinel);
@@ -231,7 +231,7 @@ DETOPS_HOST_DEVICE inline void msda_sample_records(const MsdaSample<A>& s, A att
 /// the offset of grad_output[b, q, m * D].
 template <class T, class Loc>
 DETOPS_HOST_DEVICE inline void msda_exact_records_element(std::int64_t t, const MsdaBackwardArgs<T, Loc>& a,
-                                                          std::int64_t plane0, std::uint64_t sentinel,
+                                                          std::int64_t plane0, GatherKey sentinel,
                                                           const GatherRecords<acc_t<T>>& rec) {
   using A = acc_t<T>;
   const MsdaShape& sh = a.in.shape;

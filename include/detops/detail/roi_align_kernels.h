@@ -277,8 +277,8 @@ DETOPS_HOST_DEVICE inline void roi_align_count_element(std::int64_t k, const Roi
 
 template <class A>
 struct ExactRecords {
-  std::uint64_t* keys;      // position n*H*W + y*W + x, or the sentinel N*H*W for "no contribution"
-  std::int64_t* ids;        // slot index (the sort's payload)
+  GatherKey* keys;          // position n*H*W + y*W + x, or the sentinel N*H*W for "no contribution"
+  GatherIndex* ids;         // slot index (the sort's payload)
   A* weights;               // bilinear weight, divided by count for avg pooling (but see divisors)
   std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]: the engine's record source
   std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling)
@@ -296,7 +296,7 @@ struct ExactRecords {
 /// no roi fills (invalid rows, unchecked) sort last with the sentinel and are fully defined.
 template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_exact_init_slot(std::int64_t j, const ExactRecords<A>& rec,
-                                                         std::uint64_t sentinel) {
+                                                         GatherKey sentinel) {
   gather_init_record(j, rec.gather(), sentinel);
   rec.am_offsets[j] = 0;
   rec.samples[j] = -1;
@@ -325,8 +325,8 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
   if (box.batch < 0) return;  // contributes no slots (its count is 0)
   const std::int64_t per_bin = box.grid_h * box.grid_w;
   const std::int64_t first = 4 * (a.roi_offsets[k] + bin * per_bin);
-  const std::uint64_t plane = static_cast<std::uint64_t>(box.batch * s.H * s.W);
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(s.N * s.H * s.W);
+  const GatherKey plane = static_cast<GatherKey>(box.batch * s.H * s.W);
+  const GatherKey sentinel = static_cast<GatherKey>(s.N * s.H * s.W);
   const A count = static_cast<A>(per_bin);
   const std::int64_t go_offset = k * a.go.s0 + ph * a.go.s2 + pw * a.go.s3;
   const std::int64_t am_offset = k * a.am.s0 + ph * a.am.s2 + pw * a.am.s3;
@@ -341,7 +341,7 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
       const std::int64_t xs[4] = {b.x_low, b.x_high, b.x_low, b.x_high};
       const A ws[4] = {b.w1, b.w2, b.w3, b.w4};
       for (int q = 0; q < 4; ++q) {
-        const std::uint64_t key = b.valid ? plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]) : sentinel;
+        const GatherKey key = b.valid ? plane + static_cast<GatherKey>(ys[q] * s.W + xs[q]) : sentinel;
         if (a.rec.divisors) {  // truncated: the bare weight and the scatter's divisor
           gather_set_record(a.rec.gather(), j + q, key, b.valid ? ws[q] : A(0), go_offset);
           a.rec.divisors[j + q] = a.max_pool ? 1.0 : static_cast<double>(per_bin);
@@ -396,7 +396,7 @@ DETOPS_HOST_DEVICE inline acc_t<T> exact_run_sum(const GatherArgs<T>& a, std::in
 struct RoiGatherTarget {
   Strides4 gi;
   std::int64_t H, W;
-  DETOPS_HOST_DEVICE std::int64_t operator()(std::uint64_t key) const {
+  DETOPS_HOST_DEVICE std::int64_t operator()(GatherKey key) const {
     const std::int64_t pos = static_cast<std::int64_t>(key);
     const std::int64_t n = pos / (H * W), yx = pos % (H * W);
     return n * gi.s0 + (yx / W) * gi.s2 + (yx % W) * gi.s3;
@@ -407,7 +407,7 @@ DETOPS_HOST_DEVICE inline RoiGatherTarget roi_gather_target(const GatherArgs<T>&
   return {a.gi, a.shape.H, a.shape.W};
 }
 template <class T>
-DETOPS_HOST_DEVICE inline std::int64_t exact_run_target(const GatherArgs<T>& a, std::uint64_t key) {
+DETOPS_HOST_DEVICE inline std::int64_t exact_run_target(const GatherArgs<T>& a, GatherKey key) {
   return roi_gather_target(a)(key);
 }
 
@@ -415,15 +415,15 @@ DETOPS_HOST_DEVICE inline std::int64_t exact_run_target(const GatherArgs<T>& a, 
 template <class T>
 DETOPS_HOST_DEVICE inline GatherSumArgs<T, acc_t<T>> roi_gather_sum_args(const GatherArgs<T>& a) {
   const RoiAlignShape& s = a.shape;
-  return {a.sorted, a.grad_output, a.go_c, a.grad_input, a.gi.s1, s.C, static_cast<std::uint64_t>(s.N * s.H * s.W), 0};
+  return {a.sorted, a.grad_output, a.go_c, a.grad_input, a.gi.s1, s.C, static_cast<GatherKey>(s.N * s.H * s.W), 0};
 }
 
 /// Permutes RoIAlign's own slot fields (beyond the engine's weight and source) into sorted order:
 /// the r-th sorted slot came from slot sorted_ids[r].
 template <class A>
-DETOPS_HOST_DEVICE inline void roi_align_permute_extras(std::int64_t r, const std::int64_t* sorted_ids,
+DETOPS_HOST_DEVICE inline void roi_align_permute_extras(std::int64_t r, const GatherIndex* sorted_ids,
                                                         const ExactRecords<A>& from, const ExactRecords<A>& to) {
-  const std::int64_t j = sorted_ids[r];
+  const GatherIndex j = sorted_ids[r];
   to.am_offsets[r] = from.am_offsets[j];
   to.samples[r] = from.samples[j];
   if (from.divisors) to.divisors[r] = from.divisors[j];
@@ -431,7 +431,7 @@ DETOPS_HOST_DEVICE inline void roi_align_permute_extras(std::int64_t r, const st
 
 /// Permutes every slot field into sorted order: r-th sorted slot came from slot ids[r].
 template <class A>
-DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const std::int64_t* sorted_ids,
+DETOPS_HOST_DEVICE inline void roi_align_exact_permute(std::int64_t r, const GatherIndex* sorted_ids,
                                                        const ExactRecords<A>& from, const ExactRecords<A>& to) {
   gather_permute_record(r, sorted_ids, from.weights, from.go_offsets, to.weights, to.go_offsets);
   roi_align_permute_extras(r, sorted_ids, from, to);
@@ -465,8 +465,8 @@ DETOPS_HOST_DEVICE inline void roi_align_truncated_gather_element(std::int64_t t
                                                                   bool channels_last, std::int64_t runs) {
   const std::int64_t C = a.shape.C;
   const std::int64_t run = channels_last ? t / C : t % runs, c = channels_last ? t % C : t / runs;
-  const std::uint64_t key = a.sorted.run_keys[run];
-  if (key >= static_cast<std::uint64_t>(a.shape.N * a.shape.H * a.shape.W)) return;
+  const GatherKey key = a.sorted.run_keys[run];
+  if (key >= static_cast<GatherKey>(a.shape.N * a.shape.H * a.shape.W)) return;
   a.grad_input[exact_run_target(a, key) + c * a.gi.s1] = from_double<T>(truncated_run_sum(a, run, c));
 }
 

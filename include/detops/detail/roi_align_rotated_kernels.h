@@ -190,7 +190,7 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_enumerate_bin(std::int64_t t, c
   if (box.batch < 0 || !a.images.holds(box.batch)) return;  // contributes no records here (its count is 0)
   const std::int64_t per_bin = box.grid_h * box.grid_w;
   const std::int64_t first = 4 * (a.roi_offsets[k] + bin * per_bin);
-  const std::uint64_t plane = static_cast<std::uint64_t>((box.batch - a.images.begin) * s.H * s.W);
+  const GatherKey plane = static_cast<GatherKey>((box.batch - a.images.begin) * s.H * s.W);
   const A count = static_cast<A>(per_bin);
   const std::int64_t go_offset = k * a.go.s0 + ph * a.go.s2 + pw * a.go.s3;
   for (std::int64_t iy = 0; iy < box.grid_h; ++iy)
@@ -203,7 +203,7 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_enumerate_bin(std::int64_t t, c
       const std::int64_t xs[4] = {b.x_low, b.x_high, b.x_low, b.x_high};
       const A ws[4] = {b.w1, b.w2, b.w3, b.w4};
       for (int q = 0; q < 4; ++q) {
-        const std::uint64_t key = plane + static_cast<std::uint64_t>(ys[q] * s.W + xs[q]);
+        const GatherKey key = plane + static_cast<GatherKey>(ys[q] * s.W + xs[q]);
         gather_set_record(a.rec, j + q, key, a.divisors ? ws[q] : ws[q] / count, go_offset);
         if (a.divisors) a.divisors[j + q] = static_cast<double>(per_bin);
       }
@@ -217,13 +217,13 @@ template <class T>
 DETOPS_HOST_DEVICE inline GatherSumArgs<T, acc_t<T>> rotated_gather_sum_args(const GatherSorted<acc_t<T>>& sorted,
                                                                              const T* grad_output, std::int64_t go_c,
                                                                              T* grad_input, std::int64_t gi_c,
-                                                                             std::int64_t C, std::uint64_t positions) {
+                                                                             std::int64_t C, GatherKey positions) {
   return {sorted, grad_output, go_c, grad_input, gi_c, C, positions, kGatherPartial};
 }
 
 /// The float64 truncated mode's divisors into sorted order (the engine permutes weights and
 /// sources): the r-th sorted record came from record sorted_ids[r].
-DETOPS_HOST_DEVICE inline void roi_align_rotated_permute_divisor(std::int64_t r, const std::int64_t* sorted_ids,
+DETOPS_HOST_DEVICE inline void roi_align_rotated_permute_divisor(std::int64_t r, const GatherIndex* sorted_ids,
                                                                  const double* divisors, double* sorted_divisors) {
   sorted_divisors[r] = divisors[sorted_ids[r]];
 }
@@ -242,7 +242,7 @@ DETOPS_HOST_DEVICE inline void roi_align_rotated_truncated_gather_element(std::i
                                                                           bool channels_last, std::int64_t runs) {
   const GatherSumArgs<double, double>& g = a.sum;
   const std::int64_t run = channels_last ? t / g.C : t % runs, c = channels_last ? t % g.C : t / runs;
-  const std::uint64_t key = g.sorted.run_keys[run];
+  const GatherKey key = g.sorted.run_keys[run];
   if (key >= g.sentinel) return;
   const std::int64_t begin = g.sorted.run_offsets[run], end = begin + g.sorted.run_lengths[run];
   double acc = 0.0;
