@@ -317,27 +317,28 @@ struct ExactBuffers {
 /// One chunk: the whole batch (RoIAlign's exact bits predate the engine's chunks), checked
 /// against the engine's limits.
 template <class A>
-WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap, const char* op) {
+WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap, bool max_pool, const char* op) {
   WorkspaceLayout l;
   const std::int64_t positions = s.N * s.H * s.W;
   gather_check_chunk(op, cap, positions);
-  add_records<A>(l, cap, true);   // slots
-  add_records<A>(l, cap, false);  // sorted copies (keys and ids are read through sorted_ids)
+  add_records<A>(l, cap, true, max_pool);   // slots
+  add_records<A>(l, cap, false, max_pool);  // sorted copies (keys are read through sorted_ids)
+  const std::int64_t runs = gather_run_capacity(cap, positions);
   l.add<std::int64_t>(s.K + 1);
   l.add<detail::GatherIndex>(cap);
   l.add<detail::GatherIndex>(gather_counting_sort(positions, cap) ? positions + 2 : 0);
-  l.add<detail::GatherKey>(cap);
-  l.add<detail::GatherIndex>(cap);
-  l.add<detail::GatherIndex>(cap);
+  l.add<detail::GatherKey>(runs);
+  l.add<detail::GatherIndex>(runs);
+  l.add<detail::GatherIndex>(runs);
   return l;
 }
 
 template <class A>
-ExactBuffers<A> carve_exact(WorkspaceLayout& l, void* base) {
+ExactBuffers<A> carve_exact(WorkspaceLayout& l, void* base, bool max_pool) {
   l.bind(base);
   ExactBuffers<A> b;
-  b.slots = take_records<A>(l);
-  b.sorted = take_records<A>(l);
+  b.slots = take_records<A>(l, true, max_pool);
+  b.sorted = take_records<A>(l, false, max_pool);
   b.roi_offsets = l.take<std::int64_t>();
   b.sorted_ids = l.take<detail::GatherIndex>();
   b.buckets = l.take<detail::GatherIndex>();
@@ -353,8 +354,8 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   const detail::RoiAlignShape& s = call.shape;
   const int threads = ctx.resolved_threads();
   const std::int64_t cap = exact_slot_capacity(s, check);
-  WorkspaceLayout layout = exact_layout<A>(s, cap, call.op);
-  ExactBuffers<A> b = carve_exact<A>(layout, ws.data);
+  WorkspaceLayout layout = exact_layout<A>(s, cap, call.max_pool, call.op);
+  ExactBuffers<A> b = carve_exact<A>(layout, ws.data, call.max_pool);
   const detail::RoiSource rois = roi_source(call.rois);
   const auto sentinel = static_cast<detail::GatherKey>(s.N * s.H * s.W);
 
@@ -363,10 +364,7 @@ void exact_backward(const RoiAlignCall& call, const RoiCheck& check, const Conte
   for (std::int64_t k = 0; k < s.K; ++k)
     b.roi_offsets[k + 1] = b.roi_offsets[k] + detail::roi_sample_count<A>(rois, k, s);
   parallel_for(cap, 1 << 16, threads, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t j = lo; j < hi; ++j) {
-      b.slots.keys[j] = sentinel;
-      b.slots.ids[j] = static_cast<detail::GatherIndex>(j);
-    }
+    for (std::int64_t j = lo; j < hi; ++j) b.slots.keys[j] = sentinel;
   });
   detail::EnumerateArgs<A> ea{rois, b.roi_offsets, s, call.max_pool, strides4(call.pooled),
                               call.max_pool ? strides4(call.argmax) : detail::Strides4{0, 0, 0, 0}, b.slots};
@@ -437,7 +435,8 @@ std::size_t backward_workspace(const RoiAlignCall& call, const RoiBackwardPlan& 
     case BackwardMode::kTruncated: return truncated_buffer_bytes(s);
     case BackwardMode::kExact:
       return dispatch_floating(call.features.dtype, [&](auto tag) {
-        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, plan.check), call.op).bytes();
+        return exact_layout<acc_t<decltype(tag)>>(s, exact_slot_capacity(s, plan.check), call.max_pool, call.op)
+            .bytes();
       });
   }
   return 0;

@@ -64,29 +64,31 @@ inline std::int64_t exact_slot_capacity(const detail::RoiAlignShape& s, const Ro
   return 4 * (check.total_samples < 0 ? 0 : check.total_samples);
 }
 
-/// The exact mode's slot arrays in a workspace: add_records() sizes one set (keys and ids only
-/// when `with_keys`; divisors only with `with_divisors`, CUDA's float64 truncated mode),
-/// take_records() takes it back in the same order after bind(), with the same `with_divisors`.
+/// The CPU exact mode's slot arrays in a workspace: add_records() sizes one set (keys only when
+/// `with_keys`; argmax offsets and samples only for max pooling; no ids: the CPU sort makes its
+/// own permutation), take_records() takes it back in the same order after bind(), with the same
+/// flags. (CUDA's come from the engine's buffers plus roi_align_device.h's extras.)
 template <class A>
-void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys, bool with_divisors = false) {
+void add_records(WorkspaceLayout& l, std::int64_t cap, bool with_keys, bool max_pool) {
   l.add<detail::GatherKey>(with_keys ? cap : 0);
-  l.add<detail::GatherIndex>(with_keys ? cap : 0);
   l.add<A>(cap);
   l.add<std::int64_t>(cap);
-  l.add<std::int64_t>(cap);
-  l.add<std::int32_t>(cap);
-  if (with_divisors) l.add<double>(cap);
+  l.add<std::int64_t>(max_pool ? cap : 0);
+  l.add<std::int32_t>(max_pool ? cap : 0);
 }
 template <class A>
-detail::ExactRecords<A> take_records(WorkspaceLayout& l, bool with_divisors = false) {
+detail::ExactRecords<A> take_records(WorkspaceLayout& l, bool with_keys, bool max_pool) {
   detail::ExactRecords<A> r;
-  r.keys = l.take<detail::GatherKey>();
-  r.ids = l.take<detail::GatherIndex>();
+  detail::GatherKey* keys = l.take<detail::GatherKey>();  // (the arrays not wanted are empty)
+  r.keys = with_keys ? keys : nullptr;
+  r.ids = nullptr;
   r.weights = l.take<A>();
   r.go_offsets = l.take<std::int64_t>();
-  r.am_offsets = l.take<std::int64_t>();
-  r.samples = l.take<std::int32_t>();
-  r.divisors = with_divisors ? l.take<double>() : nullptr;
+  std::int64_t* am_offsets = l.take<std::int64_t>();
+  std::int32_t* samples = l.take<std::int32_t>();
+  r.am_offsets = max_pool ? am_offsets : nullptr;
+  r.samples = max_pool ? samples : nullptr;
+  r.divisors = nullptr;
   return r;
 }
 

@@ -118,32 +118,36 @@ std::size_t exact_temp_bytes(const Dev& dev, const detail::RoiAlignShape& s, std
   return roi_exact_temp_bytes_on(dev, s.K, cap, sentinel_of(s));
 }
 
-inline void add_extras(WorkspaceLayout& l, std::int64_t cap, bool with_divisors) {
-  l.add<std::int64_t>(cap);
-  l.add<std::int32_t>(cap);
+/// RoIAlign's slot fields beyond the engine's: argmax offsets and samples (max pooling only) and
+/// divisors (the float64 truncated mode only).
+inline void add_extras(WorkspaceLayout& l, std::int64_t cap, bool max_pool, bool with_divisors) {
+  if (max_pool) {
+    l.add<std::int64_t>(cap);
+    l.add<std::int32_t>(cap);
+  }
   if (with_divisors) l.add<double>(cap);
 }
 template <class A>
-void take_extras(WorkspaceLayout& l, detail::ExactRecords<A>& r, bool with_divisors) {
-  r.am_offsets = l.take<std::int64_t>();
-  r.samples = l.take<std::int32_t>();
+void take_extras(WorkspaceLayout& l, detail::ExactRecords<A>& r, bool max_pool, bool with_divisors) {
+  r.am_offsets = max_pool ? l.take<std::int64_t>() : nullptr;
+  r.samples = max_pool ? l.take<std::int32_t>() : nullptr;
   r.divisors = with_divisors ? l.take<double>() : nullptr;
 }
 
 template <class A>
 WorkspaceLayout exact_layout(const detail::RoiAlignShape& s, std::int64_t cap, std::size_t temp_bytes,
-                             bool with_divisors) {
+                             bool max_pool, bool with_divisors) {
   WorkspaceLayout l;
   add_gather<A>(l, cap, temp_bytes);
-  add_extras(l, cap, with_divisors);  // slots
-  add_extras(l, cap, with_divisors);  // sorted
+  add_extras(l, cap, max_pool, with_divisors);  // slots
+  add_extras(l, cap, max_pool, with_divisors);  // sorted
   l.add<std::int64_t>(s.K + 1);
   l.add<std::int64_t>(s.K + 1);
   return l;
 }
 
 template <class A>
-ExactBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes, bool with_divisors) {
+ExactBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes, bool max_pool, bool with_divisors) {
   l.bind(base);
   ExactBuffers<A> b;
   b.engine = take_gather<A>(l, temp_bytes);
@@ -152,12 +156,12 @@ ExactBuffers<A> carve(WorkspaceLayout& l, void* base, std::size_t temp_bytes, bo
   b.slots.ids = g.records.ids;
   b.slots.weights = g.records.weights;
   b.slots.go_offsets = g.records.sources;
-  take_extras<A>(l, b.slots, with_divisors);
+  take_extras<A>(l, b.slots, max_pool, with_divisors);
   b.sorted.keys = g.sorted_keys;
   b.sorted.ids = g.sorted_ids;
   b.sorted.weights = g.sorted_weights;
   b.sorted.go_offsets = g.sorted_sources;
-  take_extras<A>(l, b.sorted, with_divisors);
+  take_extras<A>(l, b.sorted, max_pool, with_divisors);
   b.counts = l.take<std::int64_t>();
   b.roi_offsets = l.take<std::int64_t>();
   return b;
@@ -177,9 +181,9 @@ void exact_backward(const Dev& dev, const RoiAlignCall& call, const RoiCheck& ch
     return;
   }
   const std::size_t temp_bytes = exact_temp_bytes(dev, s, cap);
-  WorkspaceLayout layout = exact_layout<A>(s, cap, temp_bytes, truncated);
+  WorkspaceLayout layout = exact_layout<A>(s, cap, temp_bytes, call.max_pool, truncated);
   check_exact_workspace(call.op, truncated ? "truncated" : "exact", layout.bytes(), ws);
-  ExactBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, truncated);
+  ExactBuffers<A> b = carve<A>(layout, ws.data, temp_bytes, call.max_pool, truncated);
   const detail::RoiSource rois = roi_source(call.rois);
   const auto sentinel = static_cast<detail::GatherKey>(sentinel_of(s));  // checked by the workspace query
 
@@ -273,7 +277,8 @@ std::size_t roi_align_backward_workspace_on(const Dev& dev, const RoiAlignCall& 
   const std::int64_t cap = exact_slot_capacity(s, plan.check);
   return roi_backward_workspace_bytes(call.features.dtype, plan.mode, s, [&](auto a_tag, bool with_divisors) {
     using A = decltype(a_tag);
-    return roi_align_device::exact_layout<A>(s, cap, roi_align_device::exact_temp_bytes(dev, s, cap), with_divisors)
+    return roi_align_device::exact_layout<A>(s, cap, roi_align_device::exact_temp_bytes(dev, s, cap), call.max_pool,
+                                             with_divisors)
         .bytes();
   });
 }

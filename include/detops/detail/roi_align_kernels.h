@@ -281,8 +281,8 @@ struct ExactRecords {
   GatherIndex* ids;         // slot index (the sort's payload)
   A* weights;               // bilinear weight, divided by count for avg pooling (but see divisors)
   std::int64_t* go_offsets;  // offset of grad_output[k, 0, ph, pw]: the engine's record source
-  std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling)
-  std::int32_t* samples;     // iy*grid_w + ix within the bin (max pooling)
+  std::int64_t* am_offsets;  // offset of argmax[k, 0, ph, pw] (max pooling; null for avg)
+  std::int32_t* samples;     // iy*grid_w + ix within the bin (max pooling; null for avg)
   /// Only in CUDA's float64 truncated mode (null otherwise): each slot's divisor (count for avg
   /// pooling, 1 for max), and `weights` then holds the bare bilinear weight, so that phase 3 forms
   /// each contribution exactly as the scatter does, (g * w) / count.
@@ -298,8 +298,8 @@ template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_exact_init_slot(std::int64_t j, const ExactRecords<A>& rec,
                                                          GatherKey sentinel) {
   gather_init_record(j, rec.gather(), sentinel);
-  rec.am_offsets[j] = 0;
-  rec.samples[j] = -1;
+  if (rec.am_offsets) rec.am_offsets[j] = 0;
+  if (rec.samples) rec.samples[j] = -1;
   if (rec.divisors) rec.divisors[j] = 1.0;
 }
 
@@ -349,8 +349,8 @@ DETOPS_HOST_DEVICE inline void roi_align_exact_enumerate_bin(std::int64_t t, con
           gather_set_record(a.rec.gather(), j + q, key, b.valid ? (a.max_pool ? ws[q] : ws[q] / count) : A(0),
                             go_offset);
         }
-        a.rec.am_offsets[j + q] = am_offset;
-        a.rec.samples[j + q] = static_cast<std::int32_t>(sample);
+        if (a.rec.am_offsets) a.rec.am_offsets[j + q] = am_offset;
+        if (a.rec.samples) a.rec.samples[j + q] = static_cast<std::int32_t>(sample);
       }
     }
   }
@@ -424,8 +424,8 @@ template <class A>
 DETOPS_HOST_DEVICE inline void roi_align_permute_extras(std::int64_t r, const GatherIndex* sorted_ids,
                                                         const ExactRecords<A>& from, const ExactRecords<A>& to) {
   const GatherIndex j = sorted_ids[r];
-  to.am_offsets[r] = from.am_offsets[j];
-  to.samples[r] = from.samples[j];
+  if (from.am_offsets) to.am_offsets[r] = from.am_offsets[j];
+  if (from.samples) to.samples[r] = from.samples[j];
   if (from.divisors) to.divisors[r] = from.divisors[j];
 }
 
