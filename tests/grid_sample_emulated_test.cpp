@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -139,6 +140,53 @@ TEST(GridSampleEmulated, CpuLoopShapesMatchTheBodies) {
             using T = decltype(tag);
             check_all<T>(c, dt, layout, what);
           });
+        }
+      }
+    }
+  }
+}
+
+TEST(GridSampleEmulated, GradGridLanesMatchTheBodiesOnEveryIsa) {
+  // float32 bilinear grad_grid runs in lanes for NCHW planes and for one channel in either layout
+  // (grad_grid_points, then lane_grad_grid per channel): on every instruction set, every padding,
+  // alignment and coordinate form, through non-finite and far-away points, byte for byte the
+  // bodies' grid_sample_grad_grid_element.
+  std::vector<CpuIsa> variants{CpuIsa::kBaseline};
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu_isa_supported())) variants.push_back(isa);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  std::vector<GridSampleOptions> options;
+  for (GridSampleOptions o : test::all_grid_options()) {
+    if (o.interpolation != GridSampleInterpolation::kBilinear) continue;
+    options.push_back(o);
+    o.coordinates = GridSampleCoordinates::kUnit;
+    options.push_back(o);
+  }
+  for (const GridSampleOptions& o : options) {
+    for (const Sizes& z : {Sizes{2, 1, 9, 10, 700, 1}, Sizes{2, 1, 7, 8, 23, 37}, Sizes{1, 3, 7, 8, 23, 37}}) {
+      for (Layout layout : {Layout::kNCHW, Layout::kNHWC}) {
+        Case c;
+        c.p = test::make_grid_problem(z.N, z.C, z.H, z.W, z.Ho, z.Wo, o, 530, 1.4);
+        const double odd[] = {nan, inf, -inf, 1e30, -1e30, 1e-30, -0.0, 1.0 + 1e-7};
+        for (std::size_t i = 3; i < c.p.grid.size(); i += 11) c.p.grid[i] = odd[(i / 11) % 8];
+        c.t = test::grid_tensors(c.p, DType::kFloat32, DType::kFloat32, layout);
+        c.shape = {z.N, z.C, z.H, z.W, z.Ho, z.Wo, false, static_cast<int>(o.padding), o.align_corners,
+                   o.coordinates == GridSampleCoordinates::kUnit};
+        Tensor want = Tensor::empty({z.N, z.Ho, z.Wo, 2}, DType::kFloat32);
+        want.fill_bytes(0xCD);
+        internal::GridSampleCall call = make_call(c);
+        call.grad_grid = want.view();
+        internal::grid_sample_backward_on<float>(test::EmulatedDevice{}, call, BackwardMode::kAtomic, {});
+        for (CpuIsa isa : variants) {
+          Tensor got = Tensor::empty({z.N, z.Ho, z.Wo, 2}, DType::kFloat32);
+          got.fill_bytes(0xCD);
+          Context ctx;
+          ctx.num_threads = 2;
+          ctx.cpu_isa = isa;
+          grid_sample_backward(c.t.grad_output, c.t.input, c.t.grid, {}, got, o, {}, ctx);
+          EXPECT_TRUE(test::same_bytes(got, want))
+              << to_string(o.padding) << " ac" << o.align_corners << " " << to_string(o.coordinates) << " C" << z.C
+              << " " << z.Ho << "x" << z.Wo << (layout == Layout::kNHWC ? " nhwc " : " nchw ") << cpu_isa_name(isa);
         }
       }
     }

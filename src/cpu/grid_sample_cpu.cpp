@@ -550,19 +550,17 @@ void grad_grid_lanes(const GridSampleCall& call, const Context& ctx) {
   constexpr std::int64_t P = kGradGridPiece;
   parallel_for(s.N * plane_points, point_grain(s.C), ctx.resolved_threads(), [&](std::int64_t lo, std::int64_t hi) {
     std::vector<std::int32_t> o(4 * P);
-    std::vector<float> f(7 * P);  // dx, dy, x and y multipliers, sums x and y, grad_output
+    std::vector<float> f(9 * P);  // dx, dy, x and y multipliers, sums x and y, grad_output, 2 scratch
     float *const dx = f.data(), *const dy = dx + P, *const mx = dy + P, *const my = mx + P, *const sx = my + P,
-                 *const sy = sx + P, *const gbuf = sy + P;
+                 *const sy = sx + P, *const gbuf = sy + P, *const xy = gbuf + P;
     std::vector<std::int64_t> go_at(static_cast<std::size_t>(P));
     for (std::int64_t t0 = lo; t0 < hi;) {
       const std::int64_t n = t0 / plane_points, q0 = t0 % plane_points;
       const std::int64_t len = std::min({hi - t0, plane_points - q0, P});
+      // the piece's points in lanes: what grid_sample_point gives (bilinear: four corners)
+      kernels.grad_grid_points(a.g, n, q0, len, a.g.in.s2, a.g.in.s3, o.data(), P, dx, dy, mx, my, xy);
       for (std::int64_t i = 0; i < len; ++i) {
         const std::int64_t ho = (q0 + i) / s.Wo, wo = (q0 + i) % s.Wo;
-        const GridPoint<float> p = detail::grid_sample_point(a.g, n, ho, wo);  // bilinear: four corners
-        for (int k = 0; k < 4; ++k)
-          o[k * P + i] = p.valid[k] ? static_cast<std::int32_t>(p.iy[k] * a.g.in.s2 + p.ix[k] * a.g.in.s3) : -1;
-        dx[i] = p.dx, dy[i] = p.dy, mx[i] = p.gx_mult, my[i] = p.gy_mult;
         go_at[static_cast<std::size_t>(i)] = ho * a.go.s2 + wo * a.go.s3;
         sx[i] = 0.0f, sy[i] = 0.0f;
       }
@@ -586,11 +584,12 @@ void grad_grid_lanes(const GridSampleCall& call, const Context& ctx) {
   });
 }
 
-/// grad_grid: threads take ranges of grid points. NHWC, one channel or nearest: point by point,
-/// each summing over its channels (grid_sample_grad_grid_element). NCHW bilinear: a piece of one
-/// image's points at a time, corners computed once (sorted by row, or in lanes for float32:
-/// grad_grid_lanes), then the channels outermost, so each plane is read in one pass rather than
-/// once per point; every point still adds its channels in order with grid_grad_grid_add, as
+/// grad_grid: threads take ranges of grid points. float32 bilinear NCHW, or one channel in either
+/// layout, where offsets fit: grad_grid_lanes (a piece of points in lanes, then each channel's
+/// plane). Otherwise NHWC, one channel or nearest: point by point, each summing over its channels
+/// (grid_sample_grad_grid_element); NCHW bilinear: a piece of one image's points at a time, sorted
+/// by row, then the channels outermost, so each plane is read in one pass rather than once per
+/// point. Every point still adds its channels in order with grid_grad_grid_add, as
 /// grid_sample_grad_grid_point does (the emulated and lanes tests hold them to the byte).
 template <class T>
 void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
@@ -599,6 +598,10 @@ void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
   const GridSampleShape& s = call.shape;
   const GridSampleStrides gg = gs_strides(call.grad_grid);
   const int threads = ctx.resolved_threads();
+  if constexpr (std::is_same_v<T, float>) {  // NCHW planes, or one channel (either layout is one plane)
+    if ((s.C == 1 || !channels_innermost(call.input)) && lanes_fit(call, call.input))
+      return grad_grid_lanes(call, ctx);
+  }
   if (channels_innermost(call.input) || s.C == 1 || s.nearest) {
     parallel_for(s.N * s.Ho * s.Wo, point_grain(s.C), threads,
                  [&](std::int64_t lo, std::int64_t hi) DETOPS_GRID_FLATTEN {
@@ -606,9 +609,6 @@ void grad_grid_backward(const GridSampleCall& call, const Context& ctx) {
                      detail::grid_sample_grad_grid_element(t, a, call.grad_grid.data, call.grad_grid.dtype, gg);
                  });
     return;
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    if (lanes_fit(call, call.input)) return grad_grid_lanes(call, ctx);
   }
   const std::int64_t plane_points = s.Ho * s.Wo;
   const auto grad_grid_range = [&](std::int64_t lo, std::int64_t hi) DETOPS_GRID_FLATTEN {

@@ -81,6 +81,13 @@ struct GridSampleCpuKernels {
   void (*grad_grid_lanes)(const float* plane, std::int64_t m, const std::int32_t* o0, const std::int32_t* o1,
                           const std::int32_t* o2, const std::int32_t* o3, const float* dx, const float* dy,
                           const float* g, float* sum_x, float* sum_y);
+  /// grad_grid's points [q0, q0 + m) of image n in grid order (rows that continue one another as
+  /// one): corner k's offset with strides (sh, sw) at o[k * o_stride + i] (-1 off the map), the
+  /// distances dx, dy and the multipliers mx, my, the values grid_sample_point gives; `xy`:
+  /// scratch of 2 * m floats.
+  void (*grad_grid_points)(const detail::GridSampleArgs<float>& a, std::int64_t n, std::int64_t q0, std::int64_t m,
+                           std::int64_t sh, std::int64_t sw, std::int32_t* o, std::int64_t o_stride, float* dx,
+                           float* dy, float* mx, float* my, float* xy);
 };
 
 }  // namespace
