@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """One chart of every op's CPU speed against its peer, as PNG (matplotlib, Agg backend).
 
-  plot_ratios.py [--deform JSON] [--roi JSON] [--bn JSON] [--out PNG]
+  plot_ratios.py [--deform JSON] [--deform-update JSON ...] [--roi JSON] [--bn JSON] [--out PNG]
 
 Ratio = peer time / detops time (above 1x: detops is faster), medians, log scale; a bar per thread
 count measured, ratio at its end, detops atomic as a hollow marker. Rows, grouped by op:
   --deform  bench_deform.py output (default: the newest results/torch215-deform-cpu-*.json by
             name): grid_sample, point_sample, ms_deform_attn (vs torch), deform_conv2d (vs
             torchvision), forward and forward + backward, detops exact.
+  --deform-update  a later bench_deform.py run of some cases (repeatable): its rows replace
+            --deform's of the same case and phase.
   --roi     compare_torchvision.py output (default results/compare-vm-2026-11-30-pm.json):
             RoIAlign forward and backward (exact) per layout, vs torchvision in the same layout.
   --bn      compare_torch_bn.py output (default results/compare-bn-vm-2026-11-30-pm.json):
@@ -197,6 +199,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--deform", metavar="JSON", default=newest_deform_json(), help="bench_deform.py output")
+    ap.add_argument("--deform-update", metavar="JSON", action="append", default=[],
+                    help="bench_deform.py output whose rows replace --deform's (a rerun of some cases)")
     ap.add_argument("--roi", metavar="JSON", default=os.path.join(RESULTS, "compare-vm-2026-11-30-pm.json"),
                     help="compare_torchvision.py output")
     ap.add_argument("--bn", metavar="JSON", default=os.path.join(RESULTS, "compare-bn-vm-2026-11-30-pm.json"),
@@ -209,6 +213,12 @@ def main():
         r, src = load(path, reader, what)
         if r:
             rows += r
+            sources.append(src)
+    for path in a.deform_update:  # in place where --deform had the row, else added
+        r, src = load(path, deform_rows, "deform ops update")
+        if r:
+            update = {label: row for row in r for label in [row[1]]}
+            rows = [update.pop(row[1], row) for row in rows] + list(update.values())
             sources.append(src)
     if not rows:
         sys.exit("plot_ratios: nothing to draw")
